@@ -1,0 +1,58 @@
+// Command space is SPACE's single binary: the server, the in-sandbox agent
+// and the client verbs. main only dispatches; the work lives in internal/.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+type command struct {
+	name, usage string
+	run         func(args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"server", "run the control API, data plane and in-process node", runServer},
+		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
+		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
+		{"sandbox", "sandboxes: create|list|get|exec|rm", runSandbox},
+		{"template", "templates: list|build", runTemplate},
+		{"ops", "operations: get|watch", runOps},
+		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
+		{"version", "print the version", func([]string) error { fmt.Println(version); return nil }},
+	}
+}
+
+const version = "0.1.0"
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: space <command> [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.usage)
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	for _, c := range commands() {
+		if c.name == os.Args[1] {
+			if err := c.run(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "space:", err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	if os.Args[1] == "help" || os.Args[1] == "-h" || os.Args[1] == "--help" {
+		usage()
+		return
+	}
+	fmt.Fprintf(os.Stderr, "space: unknown command %q\n", os.Args[1])
+	usage()
+	os.Exit(2)
+}

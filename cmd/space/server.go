@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/server"
+	"github.com/space-sandbox/space/internal/store/sqlite"
+)
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func runServer(args []string) error {
+	cfg := server.DefaultConfig()
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (SQLite store, templates, sandboxes)")
+	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "control API address")
+	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address")
+	fs.StringVar(&cfg.DataURL, "data-url", "", "public data-plane URL given to clients (default http://<data-listen>)")
+	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|namespace")
+	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
+	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
+	builtins := fs.String("builtins", strings.Join(cfg.Builtins, ","), "builtin templates to build at start if missing (minimal,base)")
+	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "sandbox timeout when a create request names none (0 = none)")
+	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "lifetime of data-plane session tokens")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.WarmTemplates = splitList(*warm)
+	cfg.Builtins = splitList(*builtins)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := server.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+func runKeys(args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR] ...")
+	}
+	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")
+	project := fs.String("project", "default", "project the key belongs to")
+	name := fs.String("name", "", "a label for the key")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	if err := os.MkdirAll(*dataDir, 0o711); err != nil {
+		return err
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(*dataDir, "space.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	keys := auth.NewKeys(st, time.Now)
+	switch args[0] {
+	case "create":
+		_, plain, err := keys.Create(ctx, *project, *name)
+		if err != nil {
+			return err
+		}
+		fmt.Println(plain)
+		fmt.Fprintln(os.Stderr, "(shown once; only its hash is stored)")
+	case "list":
+		list, err := st.ListAPIKeys(ctx, "")
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tPROJECT\tNAME\tCREATED\tREVOKED")
+		for _, k := range list {
+			rev := "-"
+			if k.RevokedAt != nil {
+				rev = k.RevokedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.ProjectID, k.Name, k.CreatedAt.Format(time.RFC3339), rev)
+		}
+		tw.Flush()
+	case "revoke":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("usage: space keys revoke [--data-dir DIR] KEY_ID")
+		}
+		if err := st.RevokeAPIKey(ctx, "", fs.Arg(0), time.Now().UTC()); err != nil {
+			return err
+		}
+		fmt.Println("revoked", fs.Arg(0))
+	default:
+		return fmt.Errorf("unknown keys verb %q", args[0])
+	}
+	return nil
+}

@@ -1,0 +1,497 @@
+// Package api serves SPACE's control API: HTTP/JSON with server-sent events,
+// authenticated by API keys and scoped to the key's project. Every lifecycle
+// change answers 202 with an operation. Errors use the envelope
+// {"error":{"code","message"}}; core errors are mapped to status codes here,
+// at the edge, and nowhere else.
+package api
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/httpx"
+)
+
+//go:embed openapi.json
+var openapiDoc []byte
+
+// OpenAPI returns the served OpenAPI 3 document.
+func OpenAPI() []byte { return openapiDoc }
+
+// Options configure the API.
+type Options struct {
+	Service    *core.Service
+	Engine     *core.Engine
+	Broker     *core.Broker
+	Keys       *auth.Keys
+	Sessions   *auth.Sessions
+	Templates  core.Templates
+	Store      core.Store
+	DataURL    string        // public base URL of the data plane, returned with session tokens
+	SessionTTL time.Duration // lifetime of issued session tokens
+	Logf       func(string, ...any)
+	Now        func() time.Time
+}
+
+// Server is the control API handler.
+type Server struct {
+	o   Options
+	mux *http.ServeMux
+}
+
+type route struct {
+	method, pattern string
+	public          bool
+	h               func(s *Server, w http.ResponseWriter, r *http.Request, p auth.Principal) error
+}
+
+// routes is the single table of the control API; the OpenAPI test checks the
+// served document against it.
+var routes = []route{
+	{"GET", "/healthz", true, (*Server).health},
+	{"GET", "/openapi.json", true, (*Server).openapi},
+	{"POST", "/v1/sandboxes", false, (*Server).createSandbox},
+	{"GET", "/v1/sandboxes", false, (*Server).listSandboxes},
+	{"GET", "/v1/sandboxes/{id}", false, (*Server).getSandbox},
+	{"DELETE", "/v1/sandboxes/{id}", false, (*Server).deleteSandbox},
+	{"POST", "/v1/sandboxes/{id}/timeout", false, (*Server).setTimeout},
+	{"POST", "/v1/sandboxes/{id}/session", false, (*Server).newSession},
+	{"GET", "/v1/operations/{id}", false, (*Server).getOperation},
+	{"GET", "/v1/operations/{id}/events", false, (*Server).operationEvents},
+	{"GET", "/v1/events", false, (*Server).events},
+	{"GET", "/v1/templates", false, (*Server).listTemplates},
+	{"GET", "/v1/templates/{name}", false, (*Server).getTemplate},
+	{"POST", "/v1/templates", false, (*Server).buildTemplate},
+	{"GET", "/v1/keys", false, (*Server).listKeys},
+	{"POST", "/v1/keys", false, (*Server).createKey},
+	{"DELETE", "/v1/keys/{id}", false, (*Server).revokeKey},
+}
+
+// Routes returns "METHOD pattern" for every route (for tests and docs).
+func Routes() []string {
+	out := make([]string, len(routes))
+	for i, rt := range routes {
+		out[i] = rt.method + " " + rt.pattern
+	}
+	return out
+}
+
+// New returns the control API.
+func New(o Options) *Server {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	s := &Server{o: o, mux: http.NewServeMux()}
+	for _, rt := range routes {
+		rt := rt
+		s.mux.HandleFunc(rt.method+" "+rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+			var p auth.Principal
+			if !rt.public {
+				var err error
+				if p, err = s.authenticate(r); err != nil {
+					httpx.WriteError(w, err)
+					return
+				}
+			}
+			if err := rt.h(s, w, r, p); err != nil {
+				httpx.WriteError(w, err)
+			}
+		})
+	}
+	s.mux.HandleFunc("/", httpx.NotFound)
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	httpx.Recover(s.mux, s.o.Logf).ServeHTTP(w, r)
+}
+
+func (s *Server) authenticate(r *http.Request) (auth.Principal, error) {
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+			key = strings.TrimPrefix(a, "Bearer ")
+		}
+	}
+	if key == "" {
+		return auth.Principal{}, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "missing API key (X-API-Key or Authorization: Bearer)")
+	}
+	p, err := s.o.Keys.Verify(r.Context(), key)
+	if err != nil {
+		if errors.Is(err, core.ErrUnauthorized) {
+			return p, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "invalid API key")
+		}
+		return p, err
+	}
+	return p, nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+	return nil
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(openapiDoc)
+	return nil
+}
+
+// session is the data-connection grant returned with a sandbox.
+type session struct {
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+	DataURL   string    `json:"data_url"`
+}
+
+func (s *Server) issue(sb core.Sandbox) session {
+	tok, exp := s.o.Sessions.Issue(sb.ProjectID, sb.ID, s.o.SessionTTL)
+	return session{Token: tok, ExpiresAt: exp, DataURL: s.o.DataURL}
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req core.CreateRequest
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	sb, op, err := s.o.Service.Create(r.Context(), p.ProjectID, req, r.Header.Get("Idempotency-Key"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/operations/"+op.ID)
+	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": op, "sandbox": sb, "session": s.issue(sb)})
+	return nil
+}
+
+var metaQueryRE = regexp.MustCompile(`^metadata\.(.{1,64})$`)
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	q := r.URL.Query()
+	f := core.SandboxFilter{ProjectID: p.ProjectID, Metadata: map[string]string{}}
+	for _, st := range q["state"] {
+		for _, one := range strings.Split(st, ",") {
+			switch v := core.SandboxState(one); v {
+			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost:
+				f.States = append(f.States, v)
+			default:
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown state %.32q", one)
+			}
+		}
+	}
+	for k, v := range q {
+		if m := metaQueryRE.FindStringSubmatch(k); m != nil {
+			if len(f.Metadata) >= core.MaxMetadata {
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "too many metadata filters")
+			}
+			f.Metadata[m[1]] = v[0]
+		} else if k != "state" && k != "limit" && k != "page_token" {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown query parameter %.64q", k)
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "limit must be 1..1000")
+		}
+		f.Limit = n
+	} else {
+		f.Limit = 100
+	}
+	if pt := q.Get("page_token"); pt != "" {
+		if !core.ValidSandboxID(pt) {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "bad page_token")
+		}
+		f.After = pt
+	}
+	f.Limit++ // one extra tells whether a next page exists
+	list, err := s.o.Service.List(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	next := ""
+	if len(list) == f.Limit {
+		list = list[:f.Limit-1]
+		next = list[len(list)-1].ID
+	}
+	if list == nil {
+		list = []core.Sandbox{}
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"sandboxes": list, "next_page_token": next})
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, err := s.o.Service.Get(r.Context(), p.ProjectID, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	op, err := s.o.Service.Delete(r.Context(), p.ProjectID, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/operations/"+op.ID)
+	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": op})
+	return nil
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		TimeoutSeconds *int64 `json:"timeout_seconds"`
+	}
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.TimeoutSeconds == nil {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "timeout_seconds is required")
+	}
+	sb, err := s.o.Service.SetTimeout(r.Context(), p.ProjectID, r.PathValue("id"), *req.TimeoutSeconds)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) newSession(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, err := s.o.Service.Get(r.Context(), p.ProjectID, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if sb.State.Terminal() || sb.State == core.SandboxDeleting {
+		return httpx.Errorf(http.StatusConflict, "conflict", "sandbox is %s", sb.State)
+	}
+	httpx.WriteJSON(w, http.StatusOK, s.issue(sb))
+	return nil
+}
+
+func parseWait(q url.Values) (time.Duration, error) {
+	v := q.Get("wait")
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.Atoi(v)
+		if nerr != nil {
+			return 0, httpx.Errorf(http.StatusBadRequest, "invalid_argument", "wait must be a duration like 30s")
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d < 0 || d > 60*time.Second {
+		return 0, httpx.Errorf(http.StatusBadRequest, "invalid_argument", "wait must be between 0 and 60s")
+	}
+	return d, nil
+}
+
+func (s *Server) getOperation(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	wait, err := parseWait(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if !validOpID(id) {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "operation not found")
+	}
+	op, err := s.o.Engine.Wait(r.Context(), p.ProjectID, id, wait)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, op)
+	return nil
+}
+
+func validOpID(id string) bool {
+	return strings.HasPrefix(id, "op-") && len(id) == 19
+}
+
+// followEvents streams a project's lifecycle events after a position,
+// filtered by keep, until stop says so or the client leaves.
+func (s *Server) followEvents(ctx context.Context, sse *httpx.SSE, projectID string, after int64, keep func(core.Event) bool, stop func(core.Event) bool) error {
+	heartbeat := time.NewTicker(15 * time.Second)
+	defer heartbeat.Stop()
+	for {
+		changed := s.o.Broker.Changed(projectID)
+		evs, err := s.o.Broker.Since(ctx, projectID, after, 500)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			after = e.Seq
+			if !keep(e) {
+				continue
+			}
+			raw, _ := json.Marshal(e)
+			if err := sse.Event(strconv.FormatInt(e.Seq, 10), e.Type, raw); err != nil {
+				return err
+			}
+			if stop(e) {
+				return sse.Flush()
+			}
+		}
+		if err := sse.Flush(); err != nil {
+			return err
+		}
+		if len(evs) == 500 {
+			continue
+		}
+		select {
+		case <-changed:
+		case <-heartbeat.C:
+			if err := sse.Comment("keep-alive"); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func (s *Server) operationEvents(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	id := r.PathValue("id")
+	if !validOpID(id) {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "operation not found")
+	}
+	op, err := s.o.Store.GetOperation(r.Context(), p.ProjectID, id)
+	if err != nil {
+		return err
+	}
+	after, ok := httpx.LastEventID(r)
+	if !ok {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "Last-Event-ID must be a number")
+	}
+	sse := httpx.StartSSE(w)
+	// The current state first, so a follower never waits for a change that
+	// already happened.
+	raw, _ := json.Marshal(op)
+	sse.Event("", "operation.updated", raw)
+	if op.State.Done() {
+		return sse.Flush()
+	}
+	return s.followEvents(r.Context(), sse, p.ProjectID, int64(after),
+		func(e core.Event) bool { return e.OperationID == id },
+		func(e core.Event) bool {
+			var o core.Operation
+			return json.Unmarshal(e.Data, &o) == nil && o.State.Done()
+		})
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	after, ok := httpx.LastEventID(r)
+	if !ok {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "Last-Event-ID must be a number")
+	}
+	sse := httpx.StartSSE(w)
+	return s.followEvents(r.Context(), sse, p.ProjectID, int64(after),
+		func(core.Event) bool { return true }, func(core.Event) bool { return false })
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	list, err := s.o.Templates.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		list = []core.TemplateInfo{}
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"templates": list})
+	return nil
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	t, err := s.o.Templates.GetTemplate(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, t)
+	return nil
+}
+
+var (
+	pkgNameRE      = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]{0,99}$`)
+	templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+)
+
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req core.TemplateBuildRequest
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.Source != "busybox" && req.Source != "debian" {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", `source must be "busybox" or "debian" (build from a directory or tarball with the CLI on the server)`)
+	}
+	if len(req.Packages) > 200 {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "at most 200 packages")
+	}
+	for _, pk := range req.Packages {
+		if !pkgNameRE.MatchString(pk) {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "bad package name %.64q", pk)
+		}
+	}
+	if !templateNameRE.MatchString(req.Name) {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "name must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+	}
+	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", req.Name)
+	op, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
+		return s.o.Templates.BuildTemplate(ctx, req, progress)
+	})
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/operations/"+op.ID)
+	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": op})
+	return nil
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	keys, err := s.o.Store.ListAPIKeys(r.Context(), p.ProjectID)
+	if err != nil {
+		return err
+	}
+	if keys == nil {
+		keys = []core.APIKey{}
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"keys": keys})
+	return nil
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	k, plain, err := s.o.Keys.Create(r.Context(), p.ProjectID, req.Name)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusCreated, map[string]any{"key": k, "secret": plain})
+	return nil
+}
+
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	if err := s.o.Store.RevokeAPIKey(r.Context(), p.ProjectID, r.PathValue("id"), s.o.Now().UTC()); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

@@ -1,0 +1,65 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Broker persists lifecycle events and wakes up subscribers. Events are
+// stored first, so a subscriber that reconnects with its last seq misses
+// nothing; the in-memory part only says "something new is there".
+type Broker struct {
+	store Store
+	now   func() time.Time
+
+	mu      sync.Mutex
+	waiters map[string]chan struct{} // project -> closed on the next event
+}
+
+// NewBroker returns a broker over store.
+func NewBroker(store Store, now func() time.Time) *Broker {
+	return &Broker{store: store, now: now, waiters: map[string]chan struct{}{}}
+}
+
+// Publish stores an event and wakes the project's subscribers.
+func (b *Broker) Publish(ctx context.Context, projectID, typ, sandboxID, opID string, data any) error {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	_, err = b.store.AppendEvent(ctx, Event{
+		ProjectID: projectID, Type: typ, SandboxID: sandboxID, OperationID: opID,
+		Data: raw, CreatedAt: b.now().UTC(),
+	})
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	if ch, ok := b.waiters[projectID]; ok {
+		close(ch)
+		delete(b.waiters, projectID)
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// Changed returns a channel closed at the next event of the project. Take it
+// before reading the store, so no event can fall between read and wait.
+func (b *Broker) Changed(projectID string) <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ch, ok := b.waiters[projectID]
+	if !ok {
+		ch = make(chan struct{})
+		b.waiters[projectID] = ch
+	}
+	return ch
+}
+
+// Since returns the project's events after seq.
+func (b *Broker) Since(ctx context.Context, projectID string, after int64, limit int) ([]Event, error) {
+	return b.store.EventsAfter(ctx, projectID, after, limit)
+}

@@ -1,0 +1,215 @@
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// NewID returns prefix + 16 random hex characters.
+func NewID(prefix string) string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // the kernel's CSPRNG never fails on Linux
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// Progress lets an operation report how far it got.
+type Progress func(pct int, msg string)
+
+// OpFunc does an operation's work. Its result is stored with the operation.
+type OpFunc func(ctx context.Context, progress Progress) (result any, err error)
+
+// Engine runs operations: each is persisted before its work starts, its
+// state changes are published as events, and Recover fails what a crash
+// left unfinished so no operation stays running forever.
+type Engine struct {
+	store  Store
+	broker *Broker
+	now    func() time.Time
+	logf   func(string, ...any)
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewEngine returns an engine; operations run under ctx.
+func NewEngine(ctx context.Context, store Store, broker *Broker, now func() time.Time, logf func(string, ...any)) *Engine {
+	ctx, cancel := context.WithCancel(ctx)
+	return &Engine{store: store, broker: broker, now: now, logf: logf, ctx: ctx, cancel: cancel}
+}
+
+// NewOperation returns a pending operation record (not yet stored).
+func (e *Engine) NewOperation(projectID, kind, target string) Operation {
+	t := e.now().UTC()
+	return Operation{ID: NewID("op-"), ProjectID: projectID, Kind: kind, Target: target,
+		State: OpPending, CreatedAt: t, UpdatedAt: t}
+}
+
+// Submit stores op (pending) and runs fn in the background.
+func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn OpFunc) (Operation, error) {
+	stored, created, err := e.store.CreateOperation(ctx, op, idemKey)
+	if err != nil {
+		return op, err
+	}
+	if !created {
+		return stored, nil
+	}
+	e.Start(stored, fn)
+	return stored, nil
+}
+
+// Start runs fn for an operation that is already stored as pending.
+func (e *Engine) Start(op Operation, fn OpFunc) {
+	e.publish(op)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.run(op, fn)
+	}()
+}
+
+func (e *Engine) run(op Operation, fn OpFunc) {
+	ctx := e.ctx
+	op.State = OpRunning
+	e.save(op)
+	var mu sync.Mutex
+	progress := func(pct int, msg string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if pct < op.Progress {
+			pct = op.Progress
+		}
+		if pct > 99 {
+			pct = 99
+		}
+		op.Progress, op.Message = pct, msg
+		e.save(op)
+	}
+	result, err := func() (res any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("operation panicked: %v", r)
+			}
+		}()
+		return fn(ctx, progress)
+	}()
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err == nil:
+		op.State, op.Progress, op.Message = OpSucceeded, 100, "done"
+		if result != nil {
+			if raw, mErr := json.Marshal(result); mErr == nil {
+				op.Result = raw
+			}
+		}
+	case errors.Is(err, context.Canceled):
+		op.State, op.Error = OpCancelled, &OpError{Code: "cancelled", Message: err.Error()}
+	default:
+		op.State, op.Error = OpFailed, &OpError{Code: ErrorCode(err), Message: err.Error()}
+	}
+	// The engine's context may be cancelled at shutdown; record the outcome anyway.
+	e.saveCtx(context.WithoutCancel(ctx), op)
+}
+
+func (e *Engine) save(op Operation) { e.saveCtx(e.ctx, op) }
+
+func (e *Engine) saveCtx(ctx context.Context, op Operation) {
+	op.UpdatedAt = e.now().UTC()
+	if err := e.store.UpdateOperation(ctx, op); err != nil {
+		e.logf("operation %s: save: %v", op.ID, err)
+		return
+	}
+	e.publishCtx(ctx, op)
+}
+
+func (e *Engine) publish(op Operation) { e.publishCtx(e.ctx, op) }
+
+func (e *Engine) publishCtx(ctx context.Context, op Operation) {
+	if err := e.broker.Publish(ctx, op.ProjectID, "operation.updated", sandboxTarget(op), op.ID, op); err != nil {
+		e.logf("operation %s: publish: %v", op.ID, err)
+	}
+}
+
+func sandboxTarget(op Operation) string {
+	if len(op.Kind) > 8 && op.Kind[:8] == "sandbox." {
+		return op.Target
+	}
+	return ""
+}
+
+// Wait returns the operation once it is done or timeout passes, whichever
+// comes first (long-poll).
+func (e *Engine) Wait(ctx context.Context, projectID, id string, timeout time.Duration) (Operation, error) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		changed := e.broker.Changed(projectID)
+		op, err := e.store.GetOperation(ctx, projectID, id)
+		if err != nil || op.State.Done() || timeout <= 0 {
+			return op, err
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return e.store.GetOperation(ctx, projectID, id)
+		case <-ctx.Done():
+			return op, ctx.Err()
+		}
+	}
+}
+
+// Recover fails every operation a previous process left unfinished.
+func (e *Engine) Recover(ctx context.Context) ([]Operation, error) {
+	ops, err := e.store.UnfinishedOperations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range ops {
+		ops[i].State = OpFailed
+		ops[i].Error = &OpError{Code: "interrupted", Message: "the server stopped while this operation ran"}
+		e.saveCtx(ctx, ops[i])
+	}
+	return ops, nil
+}
+
+// Shutdown cancels running operations and waits for them (bounded by ctx).
+func (e *Engine) Shutdown(ctx context.Context) {
+	e.cancel()
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// ErrorCode maps an error to a stable snake_case code.
+func ErrorCode(err error) string {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return "not_found"
+	case errors.Is(err, ErrConflict):
+		return "conflict"
+	case errors.Is(err, ErrInvalid):
+		return "invalid_argument"
+	case errors.Is(err, ErrUnauthorized):
+		return "unauthorized"
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, ErrExhausted):
+		return "resource_exhausted"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	default:
+		return "internal"
+	}
+}

@@ -1,0 +1,394 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Runtime is the node side of the lifecycle: it makes and removes the real
+// sandboxes. In a single-node server it is the in-process node.
+type Runtime interface {
+	// StartSandbox creates the isolated instance for sb. On error nothing
+	// is left behind.
+	StartSandbox(ctx context.Context, sb Sandbox, progress Progress) (Placement, error)
+	// StopSandbox destroys the instance; a sandbox it does not know is not an error.
+	StopSandbox(ctx context.Context, id string) error
+	// AdoptSandbox re-attaches a sandbox that survived a server restart. An
+	// error means the sandbox is lost; its message is the reason.
+	AdoptSandbox(ctx context.Context, sb Sandbox) error
+	// Sweep removes host leftovers of every instance not in keep.
+	Sweep(ctx context.Context, keep map[string]bool) error
+	// HasTemplate reports whether a template can be used (ErrNotFound if not).
+	HasTemplate(ctx context.Context, name string) error
+}
+
+// Placement says where a sandbox runs.
+type Placement struct {
+	Driver   string
+	Instance string
+}
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	Template string            `json:"template"`
+	Env      map[string]string `json:"env,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Limits   Limits            `json:"limits,omitempty"`
+	// TimeoutSeconds: nil = the server default; 0 = no timeout.
+	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty"`
+}
+
+// Validation bounds for client input.
+const (
+	MaxEnvVars       = 256
+	MaxEnvBytes      = 64 << 10
+	MaxMetadata      = 64
+	MaxMetaKeyLen    = 64
+	MaxMetaValLen    = 512
+	MaxTimeoutSecond = 7 * 24 * 3600
+)
+
+var (
+	templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	envKeyRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
+	metaKeyRE      = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,64}$`)
+	sandboxIDRE    = regexp.MustCompile(`^sbx-[0-9a-f]{16}$`)
+)
+
+// ValidSandboxID reports whether id has the shape of a sandbox id.
+func ValidSandboxID(id string) bool { return sandboxIDRE.MatchString(id) }
+
+// ServiceOptions configure the sandbox service.
+type ServiceOptions struct {
+	DefaultTimeout time.Duration // applied when a create request names none
+	MaxLimits      Limits        // upper bounds; zero = unbounded
+	DefaultLimits  Limits
+	NodeName       string
+	Logf           func(string, ...any)
+	Now            func() time.Time
+}
+
+// Service is the sandbox lifecycle: it validates requests, records state and
+// drives the runtime through operations.
+type Service struct {
+	store   Store
+	engine  *Engine
+	broker  *Broker
+	runtime Runtime
+	opts    ServiceOptions
+}
+
+// NewService wires a service.
+func NewService(store Store, engine *Engine, broker *Broker, runtime Runtime, opts ServiceOptions) *Service {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	return &Service{store: store, engine: engine, broker: broker, runtime: runtime, opts: opts}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalid)
+}
+
+func (s *Service) validate(req *CreateRequest) error {
+	if req.Template == "" {
+		req.Template = "base"
+	}
+	if !templateNameRE.MatchString(req.Template) {
+		return invalid("template must match %s", templateNameRE)
+	}
+	if len(req.Env) > MaxEnvVars {
+		return invalid("at most %d env vars", MaxEnvVars)
+	}
+	total := 0
+	for k, v := range req.Env {
+		if !envKeyRE.MatchString(k) {
+			return invalid("env name %.64q is not a valid variable name", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return invalid("env %s contains a NUL byte", k)
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxEnvBytes {
+		return invalid("env larger than %d bytes", MaxEnvBytes)
+	}
+	if len(req.Metadata) > MaxMetadata {
+		return invalid("at most %d metadata entries", MaxMetadata)
+	}
+	for k, v := range req.Metadata {
+		if !metaKeyRE.MatchString(k) {
+			return invalid("metadata key %.64q must match %s", k, metaKeyRE)
+		}
+		if len(v) > MaxMetaValLen {
+			return invalid("metadata value for %s longer than %d bytes", k, MaxMetaValLen)
+		}
+	}
+	l, mx, def := &req.Limits, s.opts.MaxLimits, s.opts.DefaultLimits
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = def.MemoryBytes
+	}
+	if l.CPUMillis == 0 {
+		l.CPUMillis = def.CPUMillis
+	}
+	if l.Pids == 0 {
+		l.Pids = def.Pids
+	}
+	if l.MemoryBytes < 0 || l.MemoryBytes != 0 && l.MemoryBytes < 16<<20 || mx.MemoryBytes > 0 && l.MemoryBytes > mx.MemoryBytes {
+		return invalid("memory_bytes must be between 16 MiB and %d", mx.MemoryBytes)
+	}
+	if l.CPUMillis < 0 || l.CPUMillis != 0 && l.CPUMillis < 10 || mx.CPUMillis > 0 && l.CPUMillis > mx.CPUMillis {
+		return invalid("cpu_millis must be between 10 and %d", mx.CPUMillis)
+	}
+	if l.Pids < 0 || l.Pids != 0 && l.Pids < 8 || mx.Pids > 0 && l.Pids > mx.Pids {
+		return invalid("pids must be between 8 and %d", mx.Pids)
+	}
+	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
+		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
+	}
+	return nil
+}
+
+// Create records a sandbox and starts the operation that makes it. With an
+// idempotency key, a repeated request returns the first operation.
+func (s *Service) Create(ctx context.Context, projectID string, req CreateRequest, idemKey string) (Sandbox, Operation, error) {
+	if err := s.validate(&req); err != nil {
+		return Sandbox{}, Operation{}, err
+	}
+	if len(idemKey) > 128 {
+		return Sandbox{}, Operation{}, invalid("Idempotency-Key longer than 128 bytes")
+	}
+	if err := s.runtime.HasTemplate(ctx, req.Template); err != nil {
+		return Sandbox{}, Operation{}, err
+	}
+	now := s.opts.Now().UTC()
+	sb := Sandbox{
+		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, State: SandboxCreating,
+		Env: req.Env, Metadata: req.Metadata, Limits: req.Limits, Node: s.opts.NodeName,
+		CreatedAt: now, UpdatedAt: now,
+	}
+	timeout := s.opts.DefaultTimeout
+	if req.TimeoutSeconds != nil {
+		timeout = time.Duration(*req.TimeoutSeconds) * time.Second
+	}
+	if timeout > 0 {
+		exp := now.Add(timeout)
+		sb.ExpiresAt = &exp
+	}
+	op := s.engine.NewOperation(projectID, "sandbox.create", sb.ID)
+	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
+	if err != nil {
+		return Sandbox{}, Operation{}, err
+	}
+	if !created {
+		existing, err := s.store.GetSandbox(ctx, projectID, stored.Target)
+		return existing, stored, err
+	}
+	s.publishState(ctx, sb)
+	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+		return s.runCreate(ctx, sb, progress)
+	})
+	return sb, stored, nil
+}
+
+func (s *Service) runCreate(ctx context.Context, sb Sandbox, progress Progress) (any, error) {
+	progress(5, "starting sandbox")
+	pl, err := s.runtime.StartSandbox(ctx, sb, progress)
+	if err != nil {
+		s.setTerminal(context.WithoutCancel(ctx), sb.ID, SandboxFailed, err.Error())
+		return nil, err
+	}
+	updated, err := s.store.UpdateSandbox(ctx, sb.ID, func(cur *Sandbox) error {
+		if cur.State != SandboxCreating {
+			return fmt.Errorf("sandbox became %s while starting: %w", cur.State, ErrConflict)
+		}
+		cur.State, cur.Driver, cur.Instance, cur.UpdatedAt = SandboxRunning, pl.Driver, pl.Instance, s.opts.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		// Deleted while starting (or the store failed): do not leave the instance behind.
+		if stopErr := s.runtime.StopSandbox(context.WithoutCancel(ctx), sb.ID); stopErr != nil {
+			s.opts.Logf("sandbox %s: stop after failed start: %v", sb.ID, stopErr)
+		}
+		return nil, err
+	}
+	s.publishState(ctx, updated)
+	return updated, nil
+}
+
+func (s *Service) setTerminal(ctx context.Context, id string, st SandboxState, reason string) {
+	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		if cur.State.Terminal() {
+			return nil
+		}
+		cur.State, cur.StateReason, cur.UpdatedAt = st, reason, s.opts.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		s.opts.Logf("sandbox %s: set %s: %v", id, st, err)
+		return
+	}
+	s.publishState(ctx, updated)
+}
+
+func (s *Service) publishState(ctx context.Context, sb Sandbox) {
+	if err := s.broker.Publish(ctx, sb.ProjectID, "sandbox.state", sb.ID, "", map[string]any{
+		"id": sb.ID, "state": sb.State, "reason": sb.StateReason,
+	}); err != nil {
+		s.opts.Logf("sandbox %s: publish: %v", sb.ID, err)
+	}
+}
+
+// Get returns a project's sandbox.
+func (s *Service) Get(ctx context.Context, projectID, id string) (Sandbox, error) {
+	if !ValidSandboxID(id) {
+		return Sandbox{}, fmt.Errorf("sandbox %.80q: %w", id, ErrNotFound)
+	}
+	return s.store.GetSandbox(ctx, projectID, id)
+}
+
+// List returns a page of a project's sandboxes.
+func (s *Service) List(ctx context.Context, f SandboxFilter) ([]Sandbox, error) {
+	if f.Limit <= 0 || f.Limit > 1000 {
+		f.Limit = 100
+	}
+	return s.store.ListSandboxes(ctx, f)
+}
+
+// Delete starts the operation that removes a sandbox.
+func (s *Service) Delete(ctx context.Context, projectID, id string) (Operation, error) {
+	return s.delete(ctx, projectID, id, "sandbox.delete", "deleted by request")
+}
+
+func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string) (Operation, error) {
+	sb, err := s.Get(ctx, projectID, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	if sb.State == SandboxDeleted {
+		return Operation{}, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		if cur.State == SandboxDeleted {
+			return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+		}
+		if cur.State == SandboxCreating || cur.State == SandboxRunning {
+			cur.State = SandboxDeleting
+		}
+		cur.StateReason, cur.UpdatedAt = reason, s.opts.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return Operation{}, err
+	}
+	s.publishState(ctx, updated)
+	op := s.engine.NewOperation(projectID, kind, id)
+	return s.engine.Submit(ctx, op, "", func(ctx context.Context, progress Progress) (any, error) {
+		progress(10, "stopping sandbox")
+		if err := s.runtime.StopSandbox(ctx, id); err != nil {
+			return nil, err
+		}
+		done, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+			cur.State, cur.UpdatedAt = SandboxDeleted, s.opts.Now().UTC()
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.publishState(ctx, done)
+		return done, nil
+	})
+}
+
+// SetTimeout changes when the server deletes a sandbox on its own.
+func (s *Service) SetTimeout(ctx context.Context, projectID, id string, seconds int64) (Sandbox, error) {
+	if seconds < 0 || seconds > MaxTimeoutSecond {
+		return Sandbox{}, invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
+	}
+	if _, err := s.Get(ctx, projectID, id); err != nil {
+		return Sandbox{}, err
+	}
+	return s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		if cur.State.Terminal() || cur.State == SandboxDeleting {
+			return fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
+		}
+		if seconds == 0 {
+			cur.ExpiresAt = nil
+		} else {
+			exp := s.opts.Now().UTC().Add(time.Duration(seconds) * time.Second)
+			cur.ExpiresAt = &exp
+		}
+		cur.UpdatedAt = s.opts.Now().UTC()
+		return nil
+	})
+}
+
+// ReapExpired deletes running sandboxes past their timeout.
+func (s *Service) ReapExpired(ctx context.Context) {
+	expired, err := s.store.ExpiredSandboxes(ctx, s.opts.Now())
+	if err != nil {
+		s.opts.Logf("reaper: %v", err)
+		return
+	}
+	for _, sb := range expired {
+		if _, err := s.delete(ctx, sb.ProjectID, sb.ID, "sandbox.timeout", "timeout reached"); err != nil && !errors.Is(err, ErrNotFound) {
+			s.opts.Logf("reaper: delete %s: %v", sb.ID, err)
+		}
+	}
+}
+
+// RunReaper calls ReapExpired every interval until ctx ends.
+func (s *Service) RunReaper(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.ReapExpired(ctx)
+		}
+	}
+}
+
+// Reconcile runs at start: it fails operations a crash interrupted, re-adopts
+// running sandboxes, marks the rest lost or finishes their deletion, and
+// sweeps host leftovers of everything else.
+func (s *Service) Reconcile(ctx context.Context) error {
+	if _, err := s.engine.Recover(ctx); err != nil {
+		return fmt.Errorf("recover operations: %w", err)
+	}
+	all, err := s.store.ListSandboxes(ctx, SandboxFilter{States: []SandboxState{SandboxCreating, SandboxRunning, SandboxDeleting}})
+	if err != nil {
+		return fmt.Errorf("list sandboxes: %w", err)
+	}
+	keep := map[string]bool{}
+	for _, sb := range all {
+		if sb.Node != "" && sb.Node != s.opts.NodeName {
+			continue
+		}
+		switch sb.State {
+		case SandboxRunning:
+			if err := s.runtime.AdoptSandbox(ctx, sb); err != nil {
+				s.setTerminal(ctx, sb.ID, SandboxLost, "lost after server restart: "+err.Error())
+				continue
+			}
+			keep[sb.Instance] = true
+		case SandboxCreating:
+			s.setTerminal(ctx, sb.ID, SandboxFailed, "server stopped while the sandbox was being created")
+		case SandboxDeleting:
+			s.setTerminal(ctx, sb.ID, SandboxDeleted, sb.StateReason)
+		}
+	}
+	if err := s.runtime.Sweep(ctx, keep); err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	return nil
+}

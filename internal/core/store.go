@@ -1,0 +1,45 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// Store persists SPACE's records. SQLite is the embedded default; a
+// PostgreSQL implementation must pass the same test suite.
+type Store interface {
+	// Meta holds small server-wide values (e.g. the session-token key).
+	GetMeta(ctx context.Context, key string) ([]byte, error) // ErrNotFound
+	PutMetaIfAbsent(ctx context.Context, key string, val []byte) ([]byte, error)
+
+	CreateAPIKey(ctx context.Context, k APIKey) error
+	GetAPIKey(ctx context.Context, id string) (APIKey, error)
+	ListAPIKeys(ctx context.Context, projectID string) ([]APIKey, error)
+	RevokeAPIKey(ctx context.Context, projectID, id string, at time.Time) error
+
+	// CreateSandboxOp stores a new sandbox and the operation that creates it
+	// in one transaction. When idemKey matches an earlier operation of the
+	// project, nothing is stored and that operation is returned with false.
+	CreateSandboxOp(ctx context.Context, s Sandbox, op Operation, idemKey string) (Operation, bool, error)
+	GetSandbox(ctx context.Context, projectID, id string) (Sandbox, error) // projectID "" = any
+	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
+	// UpdateSandbox applies fn to the current record inside one transaction.
+	UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error)
+	// ExpiredSandboxes lists running sandboxes whose ExpiresAt is before now.
+	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+
+	// CreateOperation stores op. When idemKey is not empty and an operation
+	// with the same (project, key) exists, it returns that one and false.
+	CreateOperation(ctx context.Context, op Operation, idemKey string) (Operation, bool, error)
+	GetOperation(ctx context.Context, projectID, id string) (Operation, error)
+	UpdateOperation(ctx context.Context, op Operation) error
+	// UnfinishedOperations lists operations in pending or running state.
+	UnfinishedOperations(ctx context.Context) ([]Operation, error)
+
+	// AppendEvent stores e and returns it with its sequence number set.
+	AppendEvent(ctx context.Context, e Event) (Event, error)
+	// EventsAfter returns up to limit events of a project with Seq > after.
+	EventsAfter(ctx context.Context, projectID string, after int64, limit int) ([]Event, error)
+
+	Close() error
+}

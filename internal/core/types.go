@@ -1,0 +1,168 @@
+// Package core holds SPACE's domain types, the operations engine and the
+// sandbox lifecycle service. It knows nothing about HTTP or SQL: the api
+// package maps its errors to status codes, and a Store implementation
+// (internal/store/sqlite) persists its records.
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Sentinel errors; the API edge maps them to HTTP status codes.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrConflict     = errors.New("conflict")
+	ErrInvalid      = errors.New("invalid argument")
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrUnavailable  = errors.New("unavailable")
+	ErrExhausted    = errors.New("resource exhausted")
+)
+
+// SandboxState is where a sandbox is in its life.
+type SandboxState string
+
+// Sandbox states. creating → running → deleting → deleted; failed and lost
+// are terminal states that carry a reason.
+const (
+	SandboxCreating SandboxState = "creating"
+	SandboxRunning  SandboxState = "running"
+	SandboxDeleting SandboxState = "deleting"
+	SandboxDeleted  SandboxState = "deleted"
+	SandboxFailed   SandboxState = "failed"
+	SandboxLost     SandboxState = "lost"
+)
+
+// Terminal reports whether no further transition can happen.
+func (s SandboxState) Terminal() bool {
+	return s == SandboxDeleted || s == SandboxFailed || s == SandboxLost
+}
+
+// Limits are the resource limits requested for a sandbox.
+type Limits struct {
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	Pids        int64 `json:"pids,omitempty"`
+}
+
+// Sandbox is the persisted record of one sandbox.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	ProjectID   string            `json:"project_id"`
+	Template    string            `json:"template"`
+	State       SandboxState      `json:"state"`
+	StateReason string            `json:"state_reason,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	Limits      Limits            `json:"limits"`
+	Driver      string            `json:"driver,omitempty"`
+	Node        string            `json:"node,omitempty"`
+	// Instance is the node's handle for the isolated instance (a warm-pool
+	// instance keeps the id it was created with).
+	Instance string `json:"instance,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	// ExpiresAt is when the server deletes the sandbox on its own; zero means never.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// OpState is the state of an operation.
+type OpState string
+
+// Operation states: pending → running → succeeded | failed | cancelled.
+const (
+	OpPending   OpState = "pending"
+	OpRunning   OpState = "running"
+	OpSucceeded OpState = "succeeded"
+	OpFailed    OpState = "failed"
+	OpCancelled OpState = "cancelled"
+)
+
+// Done reports whether the operation has finished.
+func (s OpState) Done() bool { return s == OpSucceeded || s == OpFailed || s == OpCancelled }
+
+// OpError is the error of a failed operation.
+type OpError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Operation is one asynchronous lifecycle change.
+type Operation struct {
+	ID        string          `json:"id"`
+	ProjectID string          `json:"project_id"`
+	Kind      string          `json:"kind"`   // e.g. "sandbox.create"
+	Target    string          `json:"target"` // the sandbox id or template name it acts on
+	State     OpState         `json:"state"`
+	Progress  int             `json:"progress"` // 0..100
+	Message   string          `json:"message,omitempty"`
+	Error     *OpError        `json:"error,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+}
+
+// Event is a lifecycle event, visible to one project. Seq orders all events.
+type Event struct {
+	Seq         int64           `json:"seq"`
+	ProjectID   string          `json:"project_id"`
+	Type        string          `json:"type"` // "operation.updated", "sandbox.state"
+	SandboxID   string          `json:"sandbox_id,omitempty"`
+	OperationID string          `json:"operation_id,omitempty"`
+	Data        json.RawMessage `json:"data"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+// APIKey is a stored (hashed) API key.
+type APIKey struct {
+	ID        string     `json:"id"`
+	ProjectID string     `json:"project_id"`
+	Name      string     `json:"name"`
+	Hash      []byte     `json:"-"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// SandboxFilter selects sandboxes in List.
+type SandboxFilter struct {
+	ProjectID string
+	States    []SandboxState // empty: every state but deleted
+	Metadata  map[string]string
+	After     string // page cursor: return ids greater than this
+	Limit     int
+}
+
+// TemplateInfo describes a built template.
+type TemplateInfo struct {
+	Name      string            `json:"name"`
+	Digest    string            `json:"digest"`
+	Source    string            `json:"source"`
+	SizeBytes int64             `json:"size_bytes"`
+	Files     int               `json:"files"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	User      string            `json:"user,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+// TemplateBuildRequest asks the server to build a template. Over the API only
+// self-contained sources are allowed ("busybox", "debian"); local directories
+// and tarballs are built by the admin CLI on the server's machine.
+type TemplateBuildRequest struct {
+	Name     string            `json:"name"`
+	Source   string            `json:"source"`
+	Packages []string          `json:"packages,omitempty"`
+	Path     string            `json:"-"`
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	User     string            `json:"user,omitempty"`
+}
+
+// Templates lists and builds templates on the node.
+type Templates interface {
+	ListTemplates(ctx context.Context) ([]TemplateInfo, error)
+	GetTemplate(ctx context.Context, name string) (TemplateInfo, error)
+	BuildTemplate(ctx context.Context, req TemplateBuildRequest, progress Progress) (TemplateInfo, error)
+}

@@ -1,0 +1,82 @@
+// Package driver defines the isolation back-end interface that every SPACE
+// driver (namespace, gvisor, qemu, firecracker) implements. The node talks to a
+// sandbox only through an Instance: it never reaches into the sandbox's
+// filesystem by path (invariant 1); everything inside goes through the agent,
+// which the instance exposes as a stream dialer.
+package driver
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+)
+
+// Sentinel errors. Callers match with errors.Is; the API edge maps them to HTTP.
+var (
+	ErrNotFound    = errors.New("driver: sandbox not found")
+	ErrUnsupported = errors.New("driver: not supported on this host")
+	ErrLost        = errors.New("driver: sandbox lost")
+)
+
+// Limits are the resource limits of one sandbox. Zero means "driver default".
+type Limits struct {
+	MemoryBytes int64 // hard memory limit (RAM + swap where the host allows)
+	CPUMillis   int64 // CPU bandwidth in thousandths of a CPU (1000 = one full core)
+	Pids        int64 // maximum number of tasks
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	ID       string // sandbox id; safe for use in file names ([a-z0-9-], ≤ 64 chars)
+	Hostname string // UTS hostname inside the sandbox
+	// RootfsDir is the template's immutable, read-only root filesystem. Its
+	// files are owned by the node's shifted uid range (see namespace driver).
+	RootfsDir string
+	Limits    Limits
+}
+
+// Timing breaks down where create time went, for benchmarks and logs.
+type Timing struct {
+	Namespaces time.Duration // clone + user/pid/mount/... namespaces
+	Overlay    time.Duration // writable layer prepared and mounted
+	Cgroups    time.Duration // cgroup creation, limits, attach
+	Network    time.Duration // network namespace setup
+	AgentReady time.Duration // agent answered its first health check
+	Total      time.Duration
+}
+
+// Instance is one running sandbox.
+type Instance interface {
+	ID() string
+	// Dial opens a new stream to the sandbox's agent. Each call returns an
+	// independent connection; the agent speaks HTTP/1.1 over it.
+	Dial(ctx context.Context) (net.Conn, error)
+	// SetLimits changes resource limits of a running sandbox (used when a
+	// warm-pool sandbox is claimed).
+	SetLimits(ctx context.Context, l Limits) error
+	// OOMKills returns how many processes the kernel OOM-killed in this
+	// sandbox so far, so the node can tell an OOM kill from a plain SIGKILL.
+	OOMKills() (uint64, error)
+	// Timing reports the create breakdown (zero for re-attached instances).
+	Timing() Timing
+	// Destroy kills everything in the sandbox and removes every host-side
+	// resource it had (mounts, cgroups, namespaces, sockets, files). It is
+	// idempotent.
+	Destroy(ctx context.Context) error
+}
+
+// Driver creates and re-attaches sandboxes.
+type Driver interface {
+	Name() string
+	// Create starts a sandbox and returns once its agent is ready. On error
+	// nothing is left behind.
+	Create(ctx context.Context, spec Spec) (Instance, error)
+	// Attach re-adopts a sandbox that survived a restart of the node process.
+	// It returns ErrLost (wrapped, with the reason) when the sandbox is gone;
+	// host-side leftovers are removed in that case.
+	Attach(ctx context.Context, id string) (Instance, error)
+	// Sweep removes host-side leftovers of every sandbox the driver knows of
+	// on disk whose id is not in keep. It is the leak safety net run at start.
+	Sweep(ctx context.Context, keep map[string]bool) error
+}

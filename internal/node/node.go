@@ -1,0 +1,535 @@
+// Package node is the host side of SPACE: it owns the isolation driver, the
+// template cache, the warm pool and every running sandbox's agent
+// connection, and it records each command's output on the host so that
+// clients can follow and resume it. In a single-machine server it runs in the
+// server process.
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/agent/client"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/execlog"
+	"github.com/space-sandbox/space/internal/template"
+)
+
+// Options configure a node.
+type Options struct {
+	Driver    driver.Driver
+	Templates *template.Manager
+	// LogDir holds per-command output logs: LogDir/<sandbox>/<command>.log.
+	LogDir string
+	// MaxLogBytes bounds each command's recorded output (default 1 GiB).
+	MaxLogBytes int64
+	// MaxCommands bounds the commands a sandbox may have recorded at once.
+	MaxCommands int
+	// WarmPool is the number of pre-created, never-used sandboxes kept per
+	// template named in WarmTemplates.
+	WarmPool      int
+	WarmTemplates []string
+	DefaultLimits driver.Limits
+	Logf          func(string, ...any)
+}
+
+// Node runs sandboxes on this host.
+type Node struct {
+	o Options
+
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox // by sandbox id
+	pool      map[string][]driver.Instance
+	poolWant  chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns a node. Call Close to stop its background work.
+func New(o Options) (*Node, error) {
+	if o.MaxLogBytes <= 0 {
+		o.MaxLogBytes = 1 << 30
+	}
+	if o.MaxCommands <= 0 {
+		o.MaxCommands = 1024
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if err := os.MkdirAll(o.LogDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node log dir: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{o: o, sandboxes: map[string]*Sandbox{}, pool: map[string][]driver.Instance{},
+		poolWant: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	return n, nil
+}
+
+// DriverName names the isolation back end.
+func (n *Node) DriverName() string { return n.o.Driver.Name() }
+
+// StartPool begins filling the warm pool in the background.
+func (n *Node) StartPool() {
+	if n.o.WarmPool <= 0 || len(n.o.WarmTemplates) == 0 {
+		return
+	}
+	n.wg.Add(1)
+	go n.fillPool()
+	n.kickPool()
+}
+
+func (n *Node) kickPool() {
+	select {
+	case n.poolWant <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) fillPool() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.poolWant:
+		}
+		for _, name := range n.o.WarmTemplates {
+			for {
+				n.mu.Lock()
+				have := len(n.pool[name])
+				n.mu.Unlock()
+				if have >= n.o.WarmPool || n.ctx.Err() != nil {
+					break
+				}
+				tpl, err := n.o.Templates.Get(name)
+				if err != nil {
+					n.o.Logf("warm pool: template %s: %v", name, err)
+					break
+				}
+				inst, err := n.o.Driver.Create(n.ctx, driver.Spec{
+					ID: core.NewID("sbx-"), Hostname: "sandbox", RootfsDir: tpl.RootfsDir, Limits: n.o.DefaultLimits,
+				})
+				if err != nil {
+					n.o.Logf("warm pool: create: %v", err)
+					break
+				}
+				n.mu.Lock()
+				n.pool[name] = append(n.pool[name], inst)
+				n.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (n *Node) claim(template string) driver.Instance {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	list := n.pool[template]
+	if len(list) == 0 {
+		return nil
+	}
+	inst := list[len(list)-1]
+	n.pool[template] = list[:len(list)-1]
+	return inst
+}
+
+// PoolSize returns how many warm sandboxes wait for a template.
+func (n *Node) PoolSize(template string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.pool[template])
+}
+
+func driverLimits(l core.Limits) driver.Limits {
+	return driver.Limits{MemoryBytes: l.MemoryBytes, CPUMillis: l.CPUMillis, Pids: l.Pids}
+}
+
+// HasTemplate implements core.Runtime.
+func (n *Node) HasTemplate(ctx context.Context, name string) error {
+	if _, err := n.o.Templates.Get(name); err != nil {
+		if errors.Is(err, template.ErrNotFound) {
+			return fmt.Errorf("template %q: %w", name, core.ErrNotFound)
+		}
+		return err
+	}
+	return nil
+}
+
+// StartSandbox implements core.Runtime.
+func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
+	tpl, err := n.o.Templates.Get(sb.Template)
+	if err != nil {
+		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
+	}
+	inst := n.claim(sb.Template)
+	if inst != nil {
+		n.kickPool()
+		if err := inst.SetLimits(ctx, driverLimits(sb.Limits)); err != nil {
+			inst.Destroy(context.WithoutCancel(ctx))
+			return core.Placement{}, fmt.Errorf("apply limits: %w", err)
+		}
+		progress(50, "claimed a warm sandbox")
+	} else {
+		inst, err = n.o.Driver.Create(ctx, driver.Spec{
+			ID: sb.ID, Hostname: "sandbox", RootfsDir: tpl.RootfsDir, Limits: driverLimits(sb.Limits),
+		})
+		if err != nil {
+			return core.Placement{}, fmt.Errorf("create sandbox: %w", err)
+		}
+		progress(80, "sandbox started")
+	}
+	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	cfg := agent.Config{Env: map[string]string{}, Cwd: tpl.Defaults.Cwd, User: tpl.Defaults.User}
+	for k, v := range tpl.Defaults.Env {
+		cfg.Env[k] = v
+	}
+	for k, v := range sb.Env {
+		cfg.Env[k] = v
+	}
+	if err := os.MkdirAll(h.logDir, 0o700); err != nil {
+		inst.Destroy(context.WithoutCancel(ctx))
+		return core.Placement{}, fmt.Errorf("command log dir: %w", err)
+	}
+	if err := h.Agent.SetConfig(ctx, cfg); err != nil {
+		h.destroy(context.WithoutCancel(ctx))
+		return core.Placement{}, fmt.Errorf("configure agent: %w", err)
+	}
+	n.mu.Lock()
+	n.sandboxes[sb.ID] = h
+	n.mu.Unlock()
+	return core.Placement{Driver: n.o.Driver.Name(), Instance: inst.ID()}, nil
+}
+
+// StopSandbox implements core.Runtime.
+func (n *Node) StopSandbox(ctx context.Context, id string) error {
+	n.mu.Lock()
+	h := n.sandboxes[id]
+	delete(n.sandboxes, id)
+	n.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	return h.destroy(ctx)
+}
+
+// AdoptSandbox implements core.Runtime.
+func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
+	instID := sb.Instance
+	if instID == "" {
+		instID = sb.ID
+	}
+	inst, err := n.o.Driver.Attach(ctx, instID)
+	if err != nil {
+		return err
+	}
+	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	// The previous process's command logs are not trustworthy (their index
+	// was in memory); start them again from what the agent still retains.
+	os.RemoveAll(h.logDir)
+	if err := os.MkdirAll(h.logDir, 0o700); err != nil {
+		h.destroy(ctx)
+		return fmt.Errorf("command log dir: %w", err)
+	}
+	procs, err := h.Agent.List(ctx)
+	if err != nil {
+		h.destroy(ctx)
+		return fmt.Errorf("agent does not answer: %w", err)
+	}
+	for _, p := range procs {
+		if err := h.follow(p); err != nil {
+			n.o.Logf("sandbox %s: follow command %s: %v", sb.ID, p.ID, err)
+		}
+	}
+	n.mu.Lock()
+	n.sandboxes[sb.ID] = h
+	n.mu.Unlock()
+	return nil
+}
+
+// Sweep implements core.Runtime: leftovers of instances not in keep go,
+// and so do command logs of sandboxes this node does not run.
+func (n *Node) Sweep(ctx context.Context, keep map[string]bool) error {
+	n.mu.Lock()
+	for _, list := range n.pool {
+		for _, inst := range list {
+			keep[inst.ID()] = true
+		}
+	}
+	live := map[string]bool{}
+	for id, h := range n.sandboxes {
+		keep[h.inst.ID()] = true
+		live[id] = true
+	}
+	n.mu.Unlock()
+	if err := n.o.Driver.Sweep(ctx, keep); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(n.o.LogDir)
+	if err != nil {
+		return fmt.Errorf("read log dir: %w", err)
+	}
+	for _, e := range entries {
+		if !live[e.Name()] {
+			os.RemoveAll(filepath.Join(n.o.LogDir, e.Name()))
+		}
+	}
+	return nil
+}
+
+// Sandbox returns a running sandbox by id.
+func (n *Node) Sandbox(id string) (*Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h := n.sandboxes[id]
+	if h == nil {
+		return nil, fmt.Errorf("sandbox %s is not running here: %w", id, core.ErrNotFound)
+	}
+	return h, nil
+}
+
+// Close stops background work and destroys warm-pool sandboxes. Running
+// sandboxes are left alone: they outlive the server process.
+func (n *Node) Close(ctx context.Context) {
+	n.cancel()
+	n.wg.Wait()
+	n.mu.Lock()
+	pool := n.pool
+	n.pool = map[string][]driver.Instance{}
+	hs := make([]*Sandbox, 0, len(n.sandboxes))
+	for _, h := range n.sandboxes {
+		hs = append(hs, h)
+	}
+	n.mu.Unlock()
+	for _, list := range pool {
+		for _, inst := range list {
+			inst.Destroy(ctx)
+		}
+	}
+	for _, h := range hs {
+		h.closeLogs()
+	}
+}
+
+// Sandbox is one running sandbox on this node.
+type Sandbox struct {
+	ID     string
+	Agent  *client.Client
+	inst   driver.Instance
+	logDir string
+	node   *Node
+
+	mu   sync.Mutex
+	cmds map[string]*Command
+	wg   sync.WaitGroup
+}
+
+func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbox {
+	return &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{},
+		Agent: client.New(inst.Dial)}
+}
+
+// Timing returns how the sandbox's creation time was spent.
+func (s *Sandbox) Timing() driver.Timing { return s.inst.Timing() }
+
+func (s *Sandbox) destroy(ctx context.Context) error {
+	err := s.inst.Destroy(ctx)
+	s.closeLogs()
+	s.wg.Wait()
+	os.RemoveAll(s.logDir)
+	return err
+}
+
+func (s *Sandbox) closeLogs() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.cmds {
+		c.Log.Finish()
+	}
+}
+
+// Command is a command started in a sandbox, with its host-side output log.
+type Command struct {
+	Info agent.ProcessInfo
+	Log  *execlog.Log
+
+	mu   sync.Mutex
+	exit *agent.Exit
+}
+
+// Exit returns how the command ended, or nil while it runs.
+func (c *Command) Exit() *agent.Exit {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exit
+}
+
+// Exec starts a command and begins recording its output.
+func (s *Sandbox) Exec(ctx context.Context, spec agent.ProcessSpec) (*Command, error) {
+	s.mu.Lock()
+	n := len(s.cmds)
+	s.mu.Unlock()
+	if n >= s.node.o.MaxCommands {
+		s.pruneFinished()
+		s.mu.Lock()
+		n = len(s.cmds)
+		s.mu.Unlock()
+		if n >= s.node.o.MaxCommands {
+			return nil, fmt.Errorf("sandbox has %d recorded commands: %w", n, core.ErrExhausted)
+		}
+	}
+	info, err := s.Agent.Start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.follow(info); err != nil {
+		s.Agent.Signal(context.WithoutCancel(ctx), info.ID, "SIGKILL")
+		return nil, err
+	}
+	return s.Command(info.ID)
+}
+
+// pruneFinished drops the oldest finished commands' logs.
+func (s *Sandbox) pruneFinished() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]int, 0, len(s.cmds))
+	for id, c := range s.cmds {
+		if c.Exit() != nil {
+			if n, err := strconv.Atoi(id); err == nil {
+				ids = append(ids, n)
+			}
+		}
+	}
+	sort.Ints(ids)
+	for _, n := range ids[:(len(ids)+1)/2] {
+		id := strconv.Itoa(n)
+		s.cmds[id].Log.Close()
+		os.Remove(filepath.Join(s.logDir, id+".log"))
+		delete(s.cmds, id)
+	}
+}
+
+func (s *Sandbox) follow(info agent.ProcessInfo) error {
+	if !validCmdID(info.ID) {
+		return fmt.Errorf("agent returned a bad command id %.32q", info.ID)
+	}
+	l, err := execlog.Create(filepath.Join(s.logDir, info.ID+".log"), s.node.o.MaxLogBytes)
+	if err != nil {
+		return err
+	}
+	startOOM, _ := s.inst.OOMKills()
+	c := &Command{Info: info, Log: l}
+	s.mu.Lock()
+	if _, dup := s.cmds[info.ID]; dup {
+		s.mu.Unlock()
+		l.Close()
+		return fmt.Errorf("agent reused command id %s", info.ID)
+	}
+	s.cmds[info.ID] = c
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		s.pump(c, startOOM)
+	}()
+	return nil
+}
+
+func validCmdID(id string) bool {
+	n, err := strconv.ParseUint(id, 10, 32)
+	return err == nil && n > 0 && strconv.FormatUint(n, 10) == id
+}
+
+// pump copies the agent's event stream into the command's log. It is the
+// one reader the agent always has for a command, so its output never stalls
+// and never depends on a client being connected.
+func (s *Sandbox) pump(c *Command, startOOM uint64) {
+	ctx := s.node.ctx
+	var after uint64
+	for attempt := 0; attempt < 5; attempt++ {
+		er, err := s.Agent.Events(ctx, c.Info.ID, after)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+			continue
+		}
+		for {
+			ev, err := er.Next()
+			if err != nil {
+				er.Close()
+				break
+			}
+			after = ev.Seq
+			if ev.Type == agent.EventExit {
+				var ex agent.Exit
+				if json.Unmarshal(ev.Data, &ex) != nil {
+					ex = agent.Exit{Code: -1, Error: "agent sent a malformed exit event"}
+				}
+				if ex.Signal == "SIGKILL" && !ex.TimedOut {
+					if now, err := s.inst.OOMKills(); err == nil && now > startOOM {
+						ex.OOMKilled = true
+					}
+				}
+				c.finish(&ex)
+				return
+			}
+			if ev.Type != agent.EventStdout && ev.Type != agent.EventStderr {
+				continue
+			}
+			if _, err := c.Log.Append(ev.Type, ev.Data); err != nil {
+				s.node.o.Logf("sandbox %s: command %s: %v", s.ID, c.Info.ID, err)
+				return
+			}
+		}
+	}
+	c.finish(&agent.Exit{Code: -1, Error: "lost contact with the sandbox agent"})
+}
+
+func (c *Command) finish(ex *agent.Exit) {
+	raw, _ := json.Marshal(ex)
+	c.mu.Lock()
+	c.exit = ex
+	c.mu.Unlock()
+	c.Log.Append(execlog.Exit, raw)
+}
+
+// Command returns a recorded command.
+func (s *Sandbox) Command(id string) (*Command, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.cmds[id]
+	if c == nil {
+		return nil, fmt.Errorf("command %.32q: %w", id, core.ErrNotFound)
+	}
+	return c, nil
+}
+
+// Commands lists recorded commands ordered by id.
+func (s *Sandbox) Commands() []*Command {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Command, 0, len(s.cmds))
+	for _, c := range s.cmds {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, _ := strconv.Atoi(out[i].Info.ID)
+		b, _ := strconv.Atoi(out[j].Info.ID)
+		return a < b
+	})
+	return out
+}

@@ -1,0 +1,247 @@
+// Package server wires a single-process SPACE: the SQLite store, the
+// operations engine, the in-process node with its driver, the control API and
+// the data plane, each on its own listener.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/dataplane"
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/namespace"
+	"github.com/space-sandbox/space/internal/node"
+	"github.com/space-sandbox/space/internal/store/sqlite"
+	"github.com/space-sandbox/space/internal/template"
+)
+
+// Config is everything `space server` needs.
+type Config struct {
+	DataDir        string // store, templates, sandbox state, logs
+	RunDir         string // agent sockets (short path)
+	Listen         string // control API address
+	DataListen     string // data plane address
+	DataURL        string // public data-plane URL handed to clients (default http://DataListen)
+	Driver         string // "namespace" or "auto"
+	AgentPath      string // the space binary, exec'd as each sandbox's PID 1
+	WarmPool       int
+	WarmTemplates  []string
+	Builtins       []string // builtin templates to make sure of at start ("minimal", "base")
+	DefaultTimeout time.Duration
+	SessionTTL     time.Duration
+	DefaultLimits  core.Limits
+	MaxLimits      core.Limits
+	UIDBase        uint32
+	Logf           func(string, ...any)
+}
+
+// DefaultConfig returns the settings `space server` uses with no flags.
+func DefaultConfig() Config {
+	return Config{
+		DataDir: "/var/lib/space", RunDir: "/run/space",
+		Listen: "127.0.0.1:7070", DataListen: "127.0.0.1:7071",
+		Driver: "auto", Builtins: []string{"minimal", "base"},
+		DefaultTimeout: 15 * time.Minute, SessionTTL: 24 * time.Hour,
+		DefaultLimits: core.Limits{MemoryBytes: 512 << 20, CPUMillis: 1000, Pids: 1024},
+		MaxLimits:     core.Limits{MemoryBytes: 16 << 30, CPUMillis: 64000, Pids: 65536},
+		UIDBase:       100000,
+		Logf:          log.Printf,
+	}
+}
+
+// Server is a running single-node SPACE.
+type Server struct {
+	cfg       Config
+	store     *sqlite.Store
+	engine    *core.Engine
+	svc       *core.Service
+	node      *node.Node
+	templates *Templates
+	ctrl, data *http.Server
+	ctrlLn     net.Listener
+	dataLn     net.Listener
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+}
+
+// pickDriver chooses the strongest driver this host supports and says why.
+func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
+	want := cfg.Driver
+	if want == "" || want == "auto" {
+		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable); gvisor driver not built in yet"
+		if _, err := os.Stat("/dev/kvm"); err == nil {
+			reason = "KVM present, but only the namespace driver is built in so far"
+		}
+		logf("driver: namespace (%s)", reason)
+		want = "namespace"
+	}
+	switch want {
+	case "namespace":
+		return namespace.New(namespace.Options{
+			StateDir:  filepath.Join(cfg.DataDir, "sandboxes"),
+			RunDir:    cfg.RunDir,
+			AgentPath: cfg.AgentPath,
+			UIDBase:   cfg.UIDBase,
+			UIDCount:  65536,
+			DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+				CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+			Logf: logf,
+		})
+	default:
+		return nil, fmt.Errorf("driver %q is not available on this build/host", want)
+	}
+}
+
+// Start opens everything, reconciles state left by a previous process and
+// begins serving. It returns once both listeners accept connections.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	if cfg.AgentPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own binary: %w", err)
+		}
+		cfg.AgentPath = exe
+	}
+	for _, d := range []string{cfg.DataDir, cfg.RunDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	s := &Server{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeAll(context.Background())
+		}
+	}()
+	var err error
+	if s.store, err = sqlite.Open(ctx, filepath.Join(cfg.DataDir, "space.db")); err != nil {
+		return nil, err
+	}
+	drv, err := pickDriver(cfg, cfg.Logf)
+	if err != nil {
+		return nil, err
+	}
+	tm, err := template.NewManager(filepath.Join(cfg.DataDir, "templates"), template.Options{
+		UIDBase: cfg.UIDBase, UIDCount: 65536, Logf: cfg.Logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}}
+	s.node, err = node.New(node.Options{
+		Driver: drv, Templates: tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
+		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
+		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		Logf: cfg.Logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	broker := core.NewBroker(s.store, time.Now)
+	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
+	rt := &runtime{Node: s.node, t: s.templates}
+	s.svc = core.NewService(s.store, s.engine, broker, rt, core.ServiceOptions{
+		DefaultTimeout: cfg.DefaultTimeout, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
+		NodeName: "local", Logf: cfg.Logf,
+	})
+	if err := s.svc.Reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	keys := auth.NewKeys(s.store, time.Now)
+	sessions, err := auth.NewSessions(ctx, s.store, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	if s.ctrlLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if s.dataLn, err = net.Listen("tcp", cfg.DataListen); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.DataListen, err)
+	}
+	dataURL := cfg.DataURL
+	if dataURL == "" {
+		dataURL = "http://" + s.dataLn.Addr().String()
+	}
+	s.ctrl = &http.Server{Handler: api.New(api.Options{
+		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
+		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
+	}), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	s.data = &http.Server{Handler: dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf}),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	for _, p := range []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{{s.ctrl, s.ctrlLn}, {s.data, s.dataLn}} {
+		p := p
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cfg.Logf("serve %s: %v", p.ln.Addr(), err)
+			}
+		}()
+	}
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.svc.RunReaper(runCtx, time.Second) }()
+	go func() { defer s.wg.Done(); s.templates.ensure(runCtx, cfg.Builtins, s.node) }()
+	ok = true
+	cfg.Logf("space server: control API on http://%s, data plane on %s, data dir %s", s.ctrlLn.Addr(), dataURL, cfg.DataDir)
+	return s, nil
+}
+
+// Addr returns the control API address.
+func (s *Server) Addr() string { return s.ctrlLn.Addr().String() }
+
+// DataAddr returns the data plane address.
+func (s *Server) DataAddr() string { return s.dataLn.Addr().String() }
+
+// Shutdown stops serving. Running sandboxes keep running; the next start
+// re-adopts them.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeAll(ctx)
+	return nil
+}
+
+func (s *Server) closeAll(ctx context.Context) {
+	for _, h := range []*http.Server{s.ctrl, s.data} {
+		if h != nil {
+			h.Shutdown(ctx)
+		}
+	}
+	for _, ln := range []net.Listener{s.ctrlLn, s.dataLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	if s.engine != nil {
+		s.engine.Shutdown(ctx)
+	}
+	s.wg.Wait()
+	if s.node != nil {
+		s.node.Close(ctx)
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+}

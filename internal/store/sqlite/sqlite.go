@@ -1,0 +1,489 @@
+// Package sqlite is the embedded default Store, on a single SQLite file in
+// WAL mode (pure Go driver, no cgo).
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/space-sandbox/space/internal/core"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Store implements core.Store on SQLite.
+type Store struct {
+	db *sql.DB
+}
+
+var _ core.Store = (*Store)(nil)
+
+const schema = `
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, val BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (
+  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, name TEXT NOT NULL, hash BLOB NOT NULL,
+  created_at INTEGER NOT NULL, revoked_at INTEGER);
+CREATE TABLE IF NOT EXISTS sandboxes (
+  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, state TEXT NOT NULL,
+  expires_at INTEGER, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sandboxes_project ON sandboxes(project_id, id);
+CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(state, expires_at);
+CREATE TABLE IF NOT EXISTS operations (
+  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, state TEXT NOT NULL,
+  idem_key TEXT, doc TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS operations_idem ON operations(project_id, idem_key) WHERE idem_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS operations_state ON operations(state);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, project_id TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_project ON events(project_id, seq);
+`
+
+// Open opens (creating if needed) the database file at path.
+func Open(ctx context.Context, path string) (*Store, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	// One connection serialises writers; SQLite allows one writer anyway and
+	// this avoids SQLITE_BUSY storms under concurrent creates.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func unixNano(t time.Time) int64 { return t.UnixNano() }
+
+func nullTime(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UnixNano()
+}
+
+// GetMeta returns a meta value.
+func (s *Store) GetMeta(ctx context.Context, key string) ([]byte, error) {
+	var v []byte
+	err := s.db.QueryRowContext(ctx, `SELECT val FROM meta WHERE key=?`, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("meta %q: %w", key, core.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get meta: %w", err)
+	}
+	return v, nil
+}
+
+// PutMetaIfAbsent stores val unless key exists, and returns the stored value.
+func (s *Store) PutMetaIfAbsent(ctx context.Context, key string, val []byte) ([]byte, error) {
+	if _, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO meta(key,val) VALUES(?,?)`, key, val); err != nil {
+		return nil, fmt.Errorf("put meta: %w", err)
+	}
+	return s.GetMeta(ctx, key)
+}
+
+// CreateAPIKey stores a key.
+func (s *Store) CreateAPIKey(ctx context.Context, k core.APIKey) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,project_id,name,hash,created_at,revoked_at) VALUES(?,?,?,?,?,?)`,
+		k.ID, k.ProjectID, k.Name, k.Hash, unixNano(k.CreatedAt), nullTime(k.RevokedAt))
+	if err != nil {
+		return fmt.Errorf("create api key: %w", err)
+	}
+	return nil
+}
+
+func scanKey(row interface{ Scan(...any) error }) (core.APIKey, error) {
+	var k core.APIKey
+	var created int64
+	var revoked sql.NullInt64
+	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Hash, &created, &revoked); err != nil {
+		return k, err
+	}
+	k.CreatedAt = time.Unix(0, created).UTC()
+	if revoked.Valid {
+		t := time.Unix(0, revoked.Int64).UTC()
+		k.RevokedAt = &t
+	}
+	return k, nil
+}
+
+// GetAPIKey returns a key by id.
+func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys WHERE id=?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, fmt.Errorf("api key: %w", core.ErrNotFound)
+	}
+	if err != nil {
+		return k, fmt.Errorf("get api key: %w", err)
+	}
+	return k, nil
+}
+
+// ListAPIKeys lists the keys of a project ("" = all projects).
+func (s *Store) ListAPIKeys(ctx context.Context, projectID string) ([]core.APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys WHERE ?='' OR project_id=? ORDER BY created_at`, projectID, projectID)
+	if err != nil {
+		return nil, fmt.Errorf("list api keys: %w", err)
+	}
+	defer rows.Close()
+	var out []core.APIKey
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("scan api key: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeAPIKey marks a key revoked.
+func (s *Store) RevokeAPIKey(ctx context.Context, projectID, id string, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at=? WHERE id=? AND (?='' OR project_id=?) AND revoked_at IS NULL`,
+		unixNano(at), id, projectID, projectID)
+	if err != nil {
+		return fmt.Errorf("revoke api key: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("api key %s: %w", id, core.ErrNotFound)
+	}
+	return nil
+}
+
+func sandboxExpiry(sb core.Sandbox) any {
+	if sb.ExpiresAt == nil {
+		return nil
+	}
+	return sb.ExpiresAt.UnixNano()
+}
+
+// CreateSandboxOp stores a sandbox and its create operation atomically.
+func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string) (core.Operation, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return op, false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if idemKey != "" {
+		existing, err := getOp(ctx, tx, op.ProjectID, "", idemKey)
+		if err == nil {
+			return existing, false, nil
+		}
+		if !errors.Is(err, core.ErrNotFound) {
+			return op, false, err
+		}
+	}
+	doc, err := json.Marshal(sb)
+	if err != nil {
+		return op, false, fmt.Errorf("encode sandbox: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id,project_id,state,expires_at,doc) VALUES(?,?,?,?,?)`,
+		sb.ID, sb.ProjectID, string(sb.State), sandboxExpiry(sb), string(doc)); err != nil {
+		return op, false, fmt.Errorf("insert sandbox: %w", err)
+	}
+	if err := insertOp(ctx, tx, op, idemKey); err != nil {
+		return op, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return op, false, fmt.Errorf("commit: %w", err)
+	}
+	return op, true, nil
+}
+
+// GetSandbox returns a sandbox; projectID "" matches any project.
+func (s *Store) GetSandbox(ctx context.Context, projectID, id string) (core.Sandbox, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id=? AND (?='' OR project_id=?)`, id, projectID, projectID).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return core.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
+	}
+	if err != nil {
+		return core.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	var sb core.Sandbox
+	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+		return sb, fmt.Errorf("decode sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+// ListSandboxes lists sandboxes ordered by id, filtered and paginated.
+func (s *Store) ListSandboxes(ctx context.Context, f core.SandboxFilter) ([]core.Sandbox, error) {
+	q := strings.Builder{}
+	q.WriteString(`SELECT doc FROM sandboxes WHERE id > ?`)
+	args := []any{f.After}
+	if f.ProjectID != "" {
+		q.WriteString(` AND project_id=?`)
+		args = append(args, f.ProjectID)
+	}
+	if len(f.States) > 0 {
+		q.WriteString(` AND state IN (`)
+		for i, st := range f.States {
+			if i > 0 {
+				q.WriteString(",")
+			}
+			q.WriteString("?")
+			args = append(args, string(st))
+		}
+		q.WriteString(`)`)
+	} else {
+		q.WriteString(` AND state != 'deleted'`)
+	}
+	keys := make([]string, 0, len(f.Metadata))
+	for k := range f.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.WriteString(` AND json_extract(doc, '$.metadata.' || json_quote(?)) = ?`)
+		args = append(args, k, f.Metadata[k])
+	}
+	q.WriteString(` ORDER BY id`)
+	if f.Limit > 0 {
+		q.WriteString(` LIMIT ?`)
+		args = append(args, f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []core.Sandbox
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("scan sandbox: %w", err)
+		}
+		var sb core.Sandbox
+		if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+			return nil, fmt.Errorf("decode sandbox: %w", err)
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// UpdateSandbox applies fn to a sandbox inside a transaction.
+func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sandbox) error) (core.Sandbox, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return core.Sandbox{}, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	var doc string
+	err = tx.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id=?`, id).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return core.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
+	}
+	if err != nil {
+		return core.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	var sb core.Sandbox
+	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+		return sb, fmt.Errorf("decode sandbox: %w", err)
+	}
+	if err := fn(&sb); err != nil {
+		return sb, err
+	}
+	nd, err := json.Marshal(sb)
+	if err != nil {
+		return sb, fmt.Errorf("encode sandbox: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=?, doc=? WHERE id=?`,
+		string(sb.State), sandboxExpiry(sb), string(nd), id); err != nil {
+		return sb, fmt.Errorf("update sandbox: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return sb, fmt.Errorf("commit: %w", err)
+	}
+	return sb, nil
+}
+
+// ExpiredSandboxes lists running sandboxes past their expiry.
+func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]core.Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM sandboxes WHERE state='running' AND expires_at IS NOT NULL AND expires_at < ?`, now.UnixNano())
+	if err != nil {
+		return nil, fmt.Errorf("expired sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []core.Sandbox
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("scan sandbox: %w", err)
+		}
+		var sb core.Sandbox
+		if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+			return nil, fmt.Errorf("decode sandbox: %w", err)
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+}
+
+func insertOp(ctx context.Context, x execer, op core.Operation, idemKey string) error {
+	doc, err := json.Marshal(op)
+	if err != nil {
+		return fmt.Errorf("encode operation: %w", err)
+	}
+	var key any
+	if idemKey != "" {
+		key = idemKey
+	}
+	if _, err := x.ExecContext(ctx, `INSERT INTO operations(id,project_id,state,idem_key,doc) VALUES(?,?,?,?,?)`,
+		op.ID, op.ProjectID, string(op.State), key, string(doc)); err != nil {
+		return fmt.Errorf("insert operation: %w", err)
+	}
+	return nil
+}
+
+func getOp(ctx context.Context, x execer, projectID, id, idemKey string) (core.Operation, error) {
+	var doc string
+	var err error
+	if idemKey != "" {
+		err = x.QueryRowContext(ctx, `SELECT doc FROM operations WHERE project_id=? AND idem_key=?`, projectID, idemKey).Scan(&doc)
+	} else {
+		err = x.QueryRowContext(ctx, `SELECT doc FROM operations WHERE id=? AND (?='' OR project_id=?)`, id, projectID, projectID).Scan(&doc)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return core.Operation{}, fmt.Errorf("operation: %w", core.ErrNotFound)
+	}
+	if err != nil {
+		return core.Operation{}, fmt.Errorf("get operation: %w", err)
+	}
+	var op core.Operation
+	if err := json.Unmarshal([]byte(doc), &op); err != nil {
+		return op, fmt.Errorf("decode operation: %w", err)
+	}
+	return op, nil
+}
+
+// CreateOperation stores an operation, honouring an idempotency key.
+func (s *Store) CreateOperation(ctx context.Context, op core.Operation, idemKey string) (core.Operation, bool, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return op, false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if idemKey != "" {
+		existing, err := getOp(ctx, tx, op.ProjectID, "", idemKey)
+		if err == nil {
+			return existing, false, nil
+		}
+		if !errors.Is(err, core.ErrNotFound) {
+			return op, false, err
+		}
+	}
+	if err := insertOp(ctx, tx, op, idemKey); err != nil {
+		return op, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return op, false, fmt.Errorf("commit: %w", err)
+	}
+	return op, true, nil
+}
+
+// GetOperation returns an operation; projectID "" matches any project.
+func (s *Store) GetOperation(ctx context.Context, projectID, id string) (core.Operation, error) {
+	return getOp(ctx, s.db, projectID, id, "")
+}
+
+// UpdateOperation overwrites an operation's record.
+func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
+	doc, err := json.Marshal(op)
+	if err != nil {
+		return fmt.Errorf("encode operation: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE operations SET state=?, doc=? WHERE id=?`, string(op.State), string(doc), op.ID)
+	if err != nil {
+		return fmt.Errorf("update operation: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("operation %s: %w", op.ID, core.ErrNotFound)
+	}
+	return nil
+}
+
+// UnfinishedOperations lists pending and running operations.
+func (s *Store) UnfinishedOperations(ctx context.Context) ([]core.Operation, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM operations WHERE state IN ('pending','running')`)
+	if err != nil {
+		return nil, fmt.Errorf("unfinished operations: %w", err)
+	}
+	defer rows.Close()
+	var out []core.Operation
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("scan operation: %w", err)
+		}
+		var op core.Operation
+		if err := json.Unmarshal([]byte(doc), &op); err != nil {
+			return nil, fmt.Errorf("decode operation: %w", err)
+		}
+		out = append(out, op)
+	}
+	return out, rows.Err()
+}
+
+// AppendEvent stores an event and assigns its sequence number.
+func (s *Store) AppendEvent(ctx context.Context, e core.Event) (core.Event, error) {
+	doc, err := json.Marshal(e)
+	if err != nil {
+		return e, fmt.Errorf("encode event: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events(project_id,doc) VALUES(?,?)`, e.ProjectID, string(doc))
+	if err != nil {
+		return e, fmt.Errorf("append event: %w", err)
+	}
+	seq, err := res.LastInsertId()
+	if err != nil {
+		return e, fmt.Errorf("event seq: %w", err)
+	}
+	e.Seq = seq
+	return e, nil
+}
+
+// EventsAfter returns a project's events with seq > after.
+func (s *Store) EventsAfter(ctx context.Context, projectID string, after int64, limit int) ([]core.Event, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, doc FROM events WHERE project_id=? AND seq > ? ORDER BY seq LIMIT ?`, projectID, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("events: %w", err)
+	}
+	defer rows.Close()
+	var out []core.Event
+	for rows.Next() {
+		var seq int64
+		var doc string
+		if err := rows.Scan(&seq, &doc); err != nil {
+			return nil, fmt.Errorf("scan event: %w", err)
+		}
+		var e core.Event
+		if err := json.Unmarshal([]byte(doc), &e); err != nil {
+			return nil, fmt.Errorf("decode event: %w", err)
+		}
+		e.Seq = seq
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,215 @@
+// Package storetest is the conformance suite every core.Store must pass.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/core"
+)
+
+// Run runs the suite; newStore returns a fresh, empty store.
+func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
+	t.Run("Meta", func(t *testing.T) { testMeta(t, newStore(t)) })
+	t.Run("APIKeys", func(t *testing.T) { testKeys(t, newStore(t)) })
+	t.Run("SandboxOps", func(t *testing.T) { testSandboxOps(t, newStore(t)) })
+	t.Run("Idempotency", func(t *testing.T) { testIdempotency(t, newStore(t)) })
+	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
+	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+}
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func testMeta(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	if _, err := s.GetMeta(ctx, "k"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("GetMeta missing: %v", err)
+	}
+	v, err := s.PutMetaIfAbsent(ctx, "k", []byte("one"))
+	if err != nil || string(v) != "one" {
+		t.Fatalf("first put: %q %v", v, err)
+	}
+	v, err = s.PutMetaIfAbsent(ctx, "k", []byte("two"))
+	if err != nil || string(v) != "one" {
+		t.Fatalf("second put must keep the first value: %q %v", v, err)
+	}
+}
+
+func testKeys(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	k := core.APIKey{ID: "k1", ProjectID: "p1", Name: "n", Hash: []byte{1, 2, 3}, CreatedAt: t0}
+	if err := s.CreateAPIKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetAPIKey(ctx, "k1")
+	if err != nil || got.ProjectID != "p1" || string(got.Hash) != string(k.Hash) || !got.CreatedAt.Equal(t0) {
+		t.Fatalf("GetAPIKey = %+v, %v", got, err)
+	}
+	if err := s.RevokeAPIKey(ctx, "p2", "k1", t0); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("revoke from another project: %v", err)
+	}
+	if err := s.RevokeAPIKey(ctx, "p1", "k1", t0); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetAPIKey(ctx, "k1")
+	if got.RevokedAt == nil {
+		t.Fatal("key not revoked")
+	}
+	list, err := s.ListAPIKeys(ctx, "p1")
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+}
+
+func sandbox(id, project string) core.Sandbox {
+	return core.Sandbox{ID: id, ProjectID: project, Template: "minimal", State: core.SandboxCreating, CreatedAt: t0, UpdatedAt: t0}
+}
+
+func op(id, project, target string) core.Operation {
+	return core.Operation{ID: id, ProjectID: project, Kind: "sandbox.create", Target: target, State: core.OpPending, CreatedAt: t0, UpdatedAt: t0}
+}
+
+func testSandboxOps(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	if _, created, err := s.CreateSandboxOp(ctx, sandbox("sbx-1", "p1"), op("op-1", "p1", "sbx-1"), ""); err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	if _, err := s.GetSandbox(ctx, "p2", "sbx-1"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("another project must not see the sandbox: %v", err)
+	}
+	exp := t0.Add(time.Minute)
+	sb, err := s.UpdateSandbox(ctx, "sbx-1", func(sb *core.Sandbox) error {
+		sb.State, sb.ExpiresAt = core.SandboxRunning, &exp
+		return nil
+	})
+	if err != nil || sb.State != core.SandboxRunning {
+		t.Fatalf("update: %+v %v", sb, err)
+	}
+	boom := errors.New("boom")
+	if _, err := s.UpdateSandbox(ctx, "sbx-1", func(sb *core.Sandbox) error { sb.State = core.SandboxFailed; return boom }); !errors.Is(err, boom) {
+		t.Fatalf("update fn error not returned: %v", err)
+	}
+	if got, _ := s.GetSandbox(ctx, "", "sbx-1"); got.State != core.SandboxRunning {
+		t.Fatalf("a failed update must not be stored: %s", got.State)
+	}
+	if ex, err := s.ExpiredSandboxes(ctx, t0); err != nil || len(ex) != 0 {
+		t.Fatalf("expired before expiry: %v %v", ex, err)
+	}
+	if ex, err := s.ExpiredSandboxes(ctx, exp.Add(time.Second)); err != nil || len(ex) != 1 {
+		t.Fatalf("expired after expiry: %v %v", ex, err)
+	}
+	o, err := s.GetOperation(ctx, "p1", "op-1")
+	if err != nil || o.Target != "sbx-1" {
+		t.Fatalf("get op: %+v %v", o, err)
+	}
+	if _, err := s.GetOperation(ctx, "p2", "op-1"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("another project must not see the operation: %v", err)
+	}
+	un, err := s.UnfinishedOperations(ctx)
+	if err != nil || len(un) != 1 {
+		t.Fatalf("unfinished: %v %v", un, err)
+	}
+	o.State = core.OpSucceeded
+	if err := s.UpdateOperation(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	if un, _ := s.UnfinishedOperations(ctx); len(un) != 0 {
+		t.Fatalf("finished op still unfinished: %v", un)
+	}
+}
+
+func testIdempotency(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	created := make([]bool, 8)
+	for i := range created {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := fmt.Sprintf("sbx-%d", i)
+			_, c, err := s.CreateSandboxOp(ctx, sandbox(id, "p1"), op(fmt.Sprintf("op-%d", i), "p1", id), "key-1")
+			if err != nil {
+				t.Errorf("create %d: %v", i, err)
+			}
+			created[i] = c
+		}(i)
+	}
+	wg.Wait()
+	n := 0
+	for _, c := range created {
+		if c {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d creates with one idempotency key succeeded, want 1", n)
+	}
+	list, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1"})
+	if len(list) != 1 {
+		t.Fatalf("%d sandboxes stored, want 1", len(list))
+	}
+	// The same key in another project is independent.
+	if _, c, err := s.CreateSandboxOp(ctx, sandbox("sbx-x", "p2"), op("op-x", "p2", "sbx-x"), "key-1"); err != nil || !c {
+		t.Fatalf("other project: %v %v", c, err)
+	}
+}
+
+func testList(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		sb := sandbox(fmt.Sprintf("sbx-%d", i), "p1")
+		sb.Metadata = map[string]string{"team": []string{"a", "b"}[i%2]}
+		if i == 4 {
+			sb.State = core.SandboxDeleted
+		}
+		if _, _, err := s.CreateSandboxOp(ctx, sb, op(fmt.Sprintf("op-%d", i), "p1", sb.ID), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1"})
+	if len(all) != 4 {
+		t.Fatalf("default list hides deleted: got %d", len(all))
+	}
+	a, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1", Metadata: map[string]string{"team": "a"}})
+	if len(a) != 2 {
+		t.Fatalf("metadata filter: got %d", len(a))
+	}
+	page1, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1", Limit: 2})
+	page2, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1", Limit: 2, After: page1[1].ID})
+	if len(page1) != 2 || len(page2) != 2 || page2[0].ID <= page1[1].ID {
+		t.Fatalf("pagination: %v / %v", page1, page2)
+	}
+	del, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p1", States: []core.SandboxState{core.SandboxDeleted}})
+	if len(del) != 1 {
+		t.Fatalf("state filter: got %d", len(del))
+	}
+	other, _ := s.ListSandboxes(ctx, core.SandboxFilter{ProjectID: "p2"})
+	if len(other) != 0 {
+		t.Fatalf("another project sees %d sandboxes", len(other))
+	}
+}
+
+func testEvents(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	var last int64
+	for i := 0; i < 3; i++ {
+		e, err := s.AppendEvent(ctx, core.Event{ProjectID: "p1", Type: "x", Data: []byte(`{}`), CreatedAt: t0})
+		if err != nil || e.Seq <= last {
+			t.Fatalf("append: seq %d after %d: %v", e.Seq, last, err)
+		}
+		last = e.Seq
+	}
+	s.AppendEvent(ctx, core.Event{ProjectID: "p2", Type: "x", Data: []byte(`{}`), CreatedAt: t0})
+	evs, err := s.EventsAfter(ctx, "p1", 0, 10)
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("events: %d %v", len(evs), err)
+	}
+	evs, _ = s.EventsAfter(ctx, "p1", evs[0].Seq, 10)
+	if len(evs) != 2 {
+		t.Fatalf("events after first: %d", len(evs))
+	}
+}
