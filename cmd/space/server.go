@@ -31,6 +31,8 @@ func runServer(args []string) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (SQLite store, templates, sandboxes)")
+	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
+	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the listen addresses here as JSON once serving")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "control API address")
 	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address")

@@ -87,9 +87,6 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // DecodeJSON strictly decodes a bounded JSON body into v: unknown fields,
 // trailing data and bodies over MaxJSONBody are client errors.
 func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return Errorf(http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json")
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	if err != nil {
 		var mbe *http.MaxBytesError

@@ -28,7 +28,9 @@ import (
 
 // Config is everything `space server` needs.
 type Config struct {
-	DataDir        string // store, templates, sandbox state, logs
+	DataDir        string // store, sandbox state, logs
+	TemplateDir    string // built templates (default DataDir/templates); may be shared between servers on one host
+	AddrFile       string // if set, the listen addresses are written here as JSON once serving
 	RunDir         string // agent sockets (short path)
 	Listen         string // control API address
 	DataListen     string // data plane address
@@ -80,7 +82,8 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 	want := cfg.Driver
 	if want == "" || want == "auto" {
 		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable); gvisor driver not built in yet"
-		if _, err := os.Stat("/dev/kvm"); err == nil {
+		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+			f.Close()
 			reason = "KVM present, but only the namespace driver is built in so far"
 		}
 		logf("driver: namespace (%s)", reason)
@@ -136,7 +139,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	tm, err := template.NewManager(filepath.Join(cfg.DataDir, "templates"), template.Options{
+	if cfg.TemplateDir == "" {
+		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
+	}
+	tm, err := template.NewManager(cfg.TemplateDir, template.Options{
 		UIDBase: cfg.UIDBase, UIDCount: 65536, Logf: cfg.Logf,
 	})
 	if err != nil {
@@ -202,6 +208,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.svc.RunReaper(runCtx, time.Second) }()
 	go func() { defer s.wg.Done(); s.templates.ensure(runCtx, cfg.Builtins, s.node) }()
+	if cfg.AddrFile != "" {
+		doc := fmt.Sprintf(`{"control":"http://%s","data":%q}`+"\n", s.ctrlLn.Addr(), dataURL)
+		tmp := cfg.AddrFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
+			return nil, fmt.Errorf("write addr file: %w", err)
+		}
+		if err := os.Rename(tmp, cfg.AddrFile); err != nil {
+			return nil, fmt.Errorf("write addr file: %w", err)
+		}
+	}
 	ok = true
 	cfg.Logf("space server: control API on http://%s, data plane on %s, data dir %s", s.ctrlLn.Addr(), dataURL, cfg.DataDir)
 	return s, nil

@@ -1,0 +1,986 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unsafe"
+
+	"github.com/space-sandbox/space/internal/template"
+	"github.com/space-sandbox/space/pkg/client"
+)
+
+// clientCLI holds what every client verb shares: where the server is, the
+// API key and the output format.
+type clientCLI struct {
+	url, apiKey string
+	json        bool
+	out, errOut io.Writer
+}
+
+// newClientFlags returns a flag set with the flags every client verb takes.
+func newClientFlags(name string) (*flag.FlagSet, *clientCLI) {
+	c := &clientCLI{out: os.Stdout, errOut: os.Stderr}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	def := os.Getenv("SPACE_URL")
+	if def == "" {
+		def = "http://127.0.0.1:7070"
+	}
+	fs.StringVar(&c.url, "url", def, "control API URL (env SPACE_URL)")
+	fs.StringVar(&c.apiKey, "api-key", os.Getenv("SPACE_API_KEY"), "API key (env SPACE_API_KEY)")
+	fs.BoolVar(&c.json, "json", false, "print JSON instead of tables")
+	return fs, c
+}
+
+func (c *clientCLI) client() (*client.Client, error) {
+	if c.apiKey == "" {
+		return nil, errors.New("no API key: pass --api-key or set SPACE_API_KEY (create one with `space keys create`)")
+	}
+	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version)), nil
+}
+
+func (c *clientCLI) printJSON(v any) error {
+	enc := json.NewEncoder(c.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// parseClientArgs parses flags placed before, between or after positional
+// arguments (Go's flag package stops at the first positional one).
+func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func wantArgs(fs *flag.FlagSet, pos []string, n int, usage string) error {
+	if len(pos) != n {
+		return fmt.Errorf("usage: space %s %s", fs.Name(), usage)
+	}
+	return nil
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+// kvFlag collects repeated K=V flags.
+type kvFlag map[string]string
+
+func (m kvFlag) String() string { return "" }
+
+func (m kvFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", s)
+	}
+	m[k] = v
+	return nil
+}
+
+// listFlag collects repeated or comma-separated values.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// parseByteSize reads sizes like 512M, 2G, 1.5Gi or 1048576; K, M, G and T
+// are powers of 1024, as in docker and kubectl's Mi/Gi.
+func parseByteSize(s string) (int64, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			t = t[:n-1]
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || f*float64(mult) > 1<<62 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 512M or 2G)", s)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+func humanAge(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t)
+	if d < 0 {
+		return "in " + (-d).Round(time.Second).String()
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func joinKV(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + m[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// progressPrinter shows an operation's progress on stderr: one line
+// rewritten in place on a terminal, one line per change otherwise.
+type progressPrinter struct {
+	w    io.Writer
+	tty  bool
+	last string
+}
+
+func newProgressPrinter() *progressPrinter {
+	return &progressPrinter{w: os.Stderr, tty: isTerminal(os.Stderr)}
+}
+
+func (p *progressPrinter) update(op client.Operation) {
+	line := fmt.Sprintf("%s %s: %s %d%%", op.Kind, op.Target, op.State, op.Progress)
+	if op.Message != "" {
+		line += " " + op.Message
+	}
+	if line == p.last {
+		return
+	}
+	p.last = line
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+	} else {
+		fmt.Fprintln(p.w, line)
+	}
+}
+
+func (p *progressPrinter) done() {
+	if p.tty && p.last != "" {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// watch follows an operation, falling back to long-polling if the event
+// stream is unavailable (a proxy that buffers SSE, say).
+func (p *progressPrinter) watch(ctx context.Context, c *client.Client, id string) (client.Operation, error) {
+	defer p.done()
+	op, err := c.WatchOperation(ctx, id, p.update)
+	var oe *client.OperationError
+	if err == nil || errors.As(err, &oe) || ctx.Err() != nil {
+		return op, err
+	}
+	var ae *client.APIError
+	if errors.As(err, &ae) && ae.Status < 500 {
+		return op, err
+	}
+	return c.WaitOperation(ctx, id)
+}
+
+const sandboxUsage = `usage: space sandbox <verb> [flags]
+
+verbs:
+  create [--template base] [--env K=V]... [--metadata K=V]... [--memory 512M] [--cpus 1.5]
+         [--pids N] [--timeout 15m] [--wait=true]
+  list   [--state running] [--metadata K=V]... [--limit N]
+  get    ID
+  exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [--tty] [--stdin] [--timeout D] ID [--] CMD ARGS...
+  rm     ID [--wait]
+
+every verb takes --url, --api-key and --json`
+
+func runSandbox(args []string) error {
+	if len(args) == 0 {
+		return errors.New(sandboxUsage)
+	}
+	switch args[0] {
+	case "create":
+		return sandboxCreate(args[1:])
+	case "list", "ls":
+		return sandboxList(args[1:])
+	case "get", "show":
+		return sandboxGet(args[1:])
+	case "exec":
+		return sandboxExec(args[1:])
+	case "rm", "delete":
+		return sandboxRemove(args[1:])
+	case "help", "-h", "--help":
+		fmt.Println(sandboxUsage)
+		return nil
+	}
+	return fmt.Errorf("unknown sandbox verb %q\n%s", args[0], sandboxUsage)
+}
+
+func sandboxCreate(args []string) error {
+	fs, cl := newClientFlags("sandbox create")
+	tmpl := fs.String("template", "base", "template to start from")
+	env, meta := kvFlag{}, kvFlag{}
+	fs.Var(env, "env", "environment variable K=V (repeatable)")
+	fs.Var(meta, "metadata", "metadata K=V (repeatable)")
+	memory := fs.String("memory", "", "memory limit, e.g. 512M or 2G (default: the server's)")
+	cpus := fs.Float64("cpus", 0, "CPU limit in cores, e.g. 1.5 (default: the server's)")
+	pids := fs.Int64("pids", 0, "process limit (default: the server's)")
+	timeout := fs.Duration("timeout", 0, "delete the sandbox after this long; 0 = never (default: the server's)")
+	wait := fs.Bool("wait", true, "wait until the sandbox is running")
+	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 0, "[flags]"); err != nil {
+		return err
+	}
+	req := client.CreateRequest{Template: *tmpl, Env: env, Metadata: meta,
+		Limits: client.Limits{CPUMillis: int64(*cpus*1000 + 0.5), Pids: *pids}}
+	if *cpus < 0 || *pids < 0 {
+		return errors.New("--cpus and --pids must not be negative")
+	}
+	if *memory != "" {
+		if req.Limits.MemoryBytes, err = parseByteSize(*memory); err != nil {
+			return err
+		}
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "timeout" {
+			secs := int64((*timeout + time.Second - 1) / time.Second)
+			req.TimeoutSeconds = &secs
+		}
+	})
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	res, err := c.CreateSandbox(ctx, req, *idem)
+	if err != nil {
+		return err
+	}
+	if *wait {
+		op, err := newProgressPrinter().watch(ctx, c, res.Operation.ID)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: %w", res.Sandbox.ID, err)
+		}
+		res.Operation = op
+		var sb client.Sandbox
+		if op.DecodeResult(&sb) == nil && sb.ID == res.Sandbox.ID {
+			res.Sandbox = sb
+		}
+	}
+	if cl.json {
+		return cl.printJSON(res)
+	}
+	fmt.Fprintln(cl.out, res.Sandbox.ID)
+	if !*wait {
+		fmt.Fprintf(cl.errOut, "creating; follow with: space ops watch %s\n", res.Operation.ID)
+	}
+	return nil
+}
+
+func sandboxList(args []string) error {
+	fs, cl := newClientFlags("sandbox list")
+	var states listFlag
+	fs.Var(&states, "state", "only these states (repeatable or comma-separated): creating, running, deleting, deleted, failed, lost")
+	meta := kvFlag{}
+	fs.Var(meta, "metadata", "only sandboxes with metadata K=V (repeatable)")
+	limit := fs.Int("limit", 0, "show at most this many (0: all)")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 0, "[--state S] [--metadata K=V]"); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	opts := client.ListOptions{State: states, Metadata: meta}
+	if *limit > 0 && *limit <= 1000 {
+		opts.Limit = *limit
+	}
+	list := []client.Sandbox{}
+	for sb, err := range c.AllSandboxes(ctx, opts) {
+		if err != nil {
+			return err
+		}
+		list = append(list, sb)
+		if *limit > 0 && len(list) >= *limit {
+			break
+		}
+	}
+	if cl.json {
+		return cl.printJSON(map[string]any{"sandboxes": list})
+	}
+	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tAGE\tEXPIRES\tMETADATA")
+	for _, sb := range list {
+		exp := "never"
+		switch {
+		case sb.State == client.StateDeleted || sb.State == client.StateFailed || sb.State == client.StateLost:
+			exp = "-"
+		case sb.ExpiresAt != nil:
+			exp = humanAge(*sb.ExpiresAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Template, sb.State, humanAge(sb.CreatedAt), exp, joinKV(sb.Metadata))
+	}
+	return tw.Flush()
+}
+
+func sandboxGet(args []string) error {
+	fs, cl := newClientFlags("sandbox get")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "ID"); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	sb, err := c.GetSandbox(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if cl.json {
+		return cl.printJSON(sb)
+	}
+	state := sb.State
+	if sb.StateReason != "" {
+		state += " (" + sb.StateReason + ")"
+	}
+	limits := []string{}
+	if sb.Limits.CPUMillis > 0 {
+		limits = append(limits, fmt.Sprintf("cpus=%.2f", float64(sb.Limits.CPUMillis)/1000))
+	}
+	if sb.Limits.MemoryBytes > 0 {
+		limits = append(limits, "memory="+humanBytes(sb.Limits.MemoryBytes))
+	}
+	if sb.Limits.Pids > 0 {
+		limits = append(limits, fmt.Sprintf("pids=%d", sb.Limits.Pids))
+	}
+	exp := "never"
+	if sb.ExpiresAt != nil {
+		exp = sb.ExpiresAt.Local().Format(time.RFC3339) + " (" + humanAge(*sb.ExpiresAt) + ")"
+	}
+	envKeys := make([]string, 0, len(sb.Env))
+	for k := range sb.Env {
+		envKeys = append(envKeys, k)
+	}
+	sort.Strings(envKeys)
+	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
+	for _, row := range [][2]string{
+		{"id", sb.ID}, {"template", sb.Template}, {"state", state},
+		{"driver", sb.Driver}, {"node", sb.Node}, {"limits", strings.Join(limits, " ")},
+		{"created", sb.CreatedAt.Local().Format(time.RFC3339)}, {"expires", exp},
+		{"env", strings.Join(envKeys, ",")}, {"metadata", joinKV(sb.Metadata)},
+	} {
+		if row[1] == "" {
+			row[1] = "-"
+		}
+		fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+	}
+	return tw.Flush()
+}
+
+func sandboxRemove(args []string) error {
+	fs, cl := newClientFlags("sandbox rm")
+	wait := fs.Bool("wait", false, "wait until the sandbox is gone")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "ID [--wait]"); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	op, err := c.DeleteSandbox(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if *wait {
+		if op, err = newProgressPrinter().watch(ctx, c, op.ID); err != nil {
+			return err
+		}
+	}
+	if cl.json {
+		return cl.printJSON(op)
+	}
+	if *wait {
+		fmt.Fprintf(cl.out, "deleted %s\n", pos[0])
+	} else {
+		fmt.Fprintf(cl.out, "deleting %s (operation %s)\n", pos[0], op.ID)
+	}
+	return nil
+}
+
+func sandboxExec(args []string) error {
+	fs, cl := newClientFlags("sandbox exec")
+	shell := fs.String("shell", "", "run this with /bin/sh -c instead of CMD ARGS")
+	env := kvFlag{}
+	fs.Var(env, "env", "environment variable K=V (repeatable)")
+	cwd := fs.String("cwd", "", "working directory in the sandbox")
+	user := fs.String("user", "", "user name or uid in the sandbox")
+	tty := fs.Bool("tty", false, "run on a pseudo-terminal (the terminal is not put in raw mode)")
+	stdin := fs.Bool("stdin", false, "forward this process's stdin to the command")
+	timeout := fs.Duration("timeout", 0, "kill the command after this long (0: never)")
+	tag := fs.String("tag", "", "label shown in command listings")
+	// Flags go before or right after the id; everything after the first
+	// other word (or after --) is the command, flags included.
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return errors.New("usage: space sandbox exec [flags] ID [--] CMD ARGS...")
+	}
+	id := rest[0]
+	if err := fs.Parse(rest[1:]); err != nil {
+		return err
+	}
+	argv := fs.Args()
+	if (len(argv) == 0) == (*shell == "") {
+		return errors.New("give either a command after the sandbox id or --shell, not both")
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sc, err := c.Connect(ctx, id)
+	if err != nil {
+		return err
+	}
+	req := client.ExecRequest{Argv: argv, Shell: *shell, Env: env, Cwd: *cwd, User: *user,
+		Stdin: *stdin, Timeout: *timeout, Tag: *tag}
+	if *tty {
+		cols, rows := terminalSize()
+		req.PTY = &client.PTY{Cols: cols, Rows: rows}
+	}
+	cmd, err := sc.Exec(ctx, req)
+	var ae *client.APIError
+	if errors.As(err, &ae) && ae.Code == "exec_failed" {
+		fmt.Fprintf(os.Stderr, "space: %s\n", ae.Message)
+		os.Exit(127) // as a shell does for a command it cannot run
+	}
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
+	defer signal.Stop(sigs)
+	go forwardSignals(ctx, cancel, sc, cmd.ID, sigs, *tty)
+	if *stdin {
+		go forwardStdin(ctx, sc, cmd.ID)
+	}
+	exit, err := sc.Stream(ctx, cmd.ID, 0, func(ev client.Event) error {
+		w := os.Stdout
+		if ev.Type == client.EventStderr {
+			w = os.Stderr
+		}
+		_, err := w.Write(ev.Data)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "space: detached; command %s may still run in %s\n", cmd.ID, id)
+			signal.Stop(sigs)
+			os.Exit(130)
+		}
+		return err
+	}
+	if cl.json {
+		cl.out = os.Stderr // keep the command's stdout clean
+		cl.printJSON(exit)
+	}
+	switch {
+	case exit.Error != "":
+		fmt.Fprintf(os.Stderr, "space: command failed: %s\n", exit.Error)
+	case exit.TimedOut:
+		fmt.Fprintln(os.Stderr, "space: command killed at its timeout")
+	case exit.OOMKilled:
+		fmt.Fprintln(os.Stderr, "space: command killed: out of memory")
+	}
+	signal.Stop(sigs)
+	cancel()
+	os.Exit(exitStatus(exit))
+	return nil
+}
+
+// exitStatus maps a remote exit to this process's status the way a shell
+// does: the code, or 128+signal for a killed command.
+func exitStatus(e client.Exit) int {
+	if e.Error != "" && e.Code <= 0 {
+		return 127
+	}
+	if e.Code >= 0 {
+		return e.Code & 0xff
+	}
+	sigs := map[string]int{"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGABRT": 6, "SIGKILL": 9,
+		"SIGSEGV": 11, "SIGPIPE": 13, "SIGALRM": 14, "SIGTERM": 15}
+	if n, ok := sigs[e.Signal]; ok {
+		return 128 + n
+	}
+	return 255
+}
+
+// forwardSignals passes interrupts on to the remote command; a second
+// SIGINT detaches, leaving the command to its fate. Window changes resize
+// the remote terminal.
+func forwardSignals(ctx context.Context, cancel context.CancelFunc, sc *client.SandboxConn, cmdID string, sigs <-chan os.Signal, tty bool) {
+	interrupts := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-sigs:
+			switch s {
+			case syscall.SIGWINCH:
+				if tty {
+					cols, rows := terminalSize()
+					sc.Resize(ctx, cmdID, cols, rows)
+				}
+				continue
+			case syscall.SIGINT:
+				interrupts++
+				if interrupts > 1 {
+					cancel()
+					return
+				}
+			}
+			name := map[os.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}[s]
+			if err := sc.Signal(ctx, cmdID, name); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(os.Stderr, "space: forward %s: %v\n", name, err)
+			}
+		}
+	}
+}
+
+// forwardStdin copies stdin to the command and closes the command's stdin
+// at EOF. Errors after the command ended are expected and not shown.
+func forwardStdin(ctx context.Context, sc *client.SandboxConn, cmdID string) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := os.Stdin.Read(buf)
+		if n > 0 {
+			if werr := sc.WriteStdin(ctx, cmdID, buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			sc.CloseStdin(ctx, cmdID)
+			return
+		}
+	}
+}
+
+// terminalSize returns the size of the terminal on stdout or stdin, else
+// $COLUMNS x $LINES, else 80x24.
+func terminalSize() (cols, rows uint16) {
+	for _, f := range []*os.File{os.Stdout, os.Stdin} {
+		var ws struct{ Row, Col, X, Y uint16 }
+		_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), uintptr(syscall.TIOCGWINSZ), uintptr(unsafe.Pointer(&ws)))
+		if errno == 0 && ws.Col > 0 && ws.Row > 0 {
+			return ws.Col, ws.Row
+		}
+	}
+	cols, rows = 80, 24
+	if n, err := strconv.ParseUint(os.Getenv("COLUMNS"), 10, 16); err == nil && n > 0 {
+		cols = uint16(n)
+	}
+	if n, err := strconv.ParseUint(os.Getenv("LINES"), 10, 16); err == nil && n > 0 {
+		rows = uint16(n)
+	}
+	return cols, rows
+}
+
+const templateUsage = `usage: space template <verb> [flags]
+
+verbs:
+  list
+  build NAME --source busybox|debian [--packages a,b] [--env K=V]... [--cwd DIR] [--user U] [--wait=true]
+  build NAME --dir PATH | --tar PATH [--data-dir /var/lib/space] [--uid-base 100000]
+        (builds from a host directory or tarball run on the server machine, with the
+         server stopped: the server holds the template directory while it runs)
+
+every API verb takes --url, --api-key and --json`
+
+func runTemplate(args []string) error {
+	if len(args) == 0 {
+		return errors.New(templateUsage)
+	}
+	switch args[0] {
+	case "list", "ls":
+		return templateList(args[1:])
+	case "build":
+		return templateBuild(args[1:])
+	case "help", "-h", "--help":
+		fmt.Println(templateUsage)
+		return nil
+	}
+	return fmt.Errorf("unknown template verb %q\n%s", args[0], templateUsage)
+}
+
+func templateList(args []string) error {
+	fs, cl := newClientFlags("template list")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 0, ""); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	list, err := c.ListTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	if cl.json {
+		if list == nil {
+			list = []client.TemplateInfo{}
+		}
+		return cl.printJSON(map[string]any{"templates": list})
+	}
+	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSOURCE\tSIZE\tFILES\tDIGEST\tAGE")
+	for _, t := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.Name, t.Source, humanBytes(t.SizeBytes), t.Files, shortDigest(t.Digest), humanAge(t.CreatedAt))
+	}
+	return tw.Flush()
+}
+
+func shortDigest(d string) string {
+	if h, ok := strings.CutPrefix(d, "sha256:"); ok && len(h) > 12 {
+		return h[:12]
+	}
+	return d
+}
+
+// templateNameRE is the API's rule for template names (sandboxes can only
+// use names that match it, so local builds are held to it too).
+var templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+func templateBuild(args []string) error {
+	fs, cl := newClientFlags("template build")
+	source := fs.String("source", "", "busybox or debian (built by the server)")
+	var pkgs listFlag
+	fs.Var(&pkgs, "packages", "extra Debian packages, comma-separated (debian)")
+	env := kvFlag{}
+	fs.Var(env, "env", "default environment variable K=V (repeatable)")
+	cwd := fs.String("cwd", "", "default working directory")
+	user := fs.String("user", "", "default user")
+	wait := fs.Bool("wait", true, "wait for the build to finish")
+	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
+	dir := fs.String("dir", "", "build locally from this host directory (run on the server machine)")
+	tarPath := fs.String("tar", "", "build locally from this rootfs/OCI/docker-archive tarball (run on the server machine)")
+	dataDir := fs.String("data-dir", "/var/lib/space", "server state directory (local builds)")
+	uidBase := fs.Uint("uid-base", 100000, "host uid of root in sandboxes; must match the server (local builds)")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "NAME --source busybox|debian | --dir PATH | --tar PATH"); err != nil {
+		return err
+	}
+	name := pos[0]
+	if !templateNameRE.MatchString(name) {
+		return fmt.Errorf("template name %q must match %s", name, templateNameRE)
+	}
+	n := 0
+	for _, s := range []string{*source, *dir, *tarPath} {
+		if s != "" {
+			n++
+		}
+	}
+	if n != 1 {
+		return errors.New("give exactly one of --source, --dir or --tar")
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if *dir != "" || *tarPath != "" {
+		if len(pkgs) > 0 {
+			return errors.New("--packages only applies to --source debian")
+		}
+		src, path := template.SourceDir, *dir
+		if *tarPath != "" {
+			src, path = template.SourceTar, *tarPath
+		}
+		return cl.buildLocal(ctx, *dataDir, uint32(*uidBase), template.BuildRequest{
+			Name: name, Source: src, Path: path,
+			Defaults: template.Defaults{Env: env, Cwd: *cwd, User: *user},
+		})
+	}
+	if *source != "busybox" && *source != "debian" {
+		return fmt.Errorf("--source must be busybox or debian (use --dir or --tar for local files), not %q", *source)
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	op, err := c.BuildTemplate(ctx, client.TemplateBuildRequest{Name: name, Source: *source, Packages: pkgs,
+		Env: env, Cwd: *cwd, User: *user}, *idem)
+	if err != nil {
+		return err
+	}
+	if !*wait {
+		if cl.json {
+			return cl.printJSON(op)
+		}
+		fmt.Fprintf(cl.out, "building %s (operation %s); follow with: space ops watch %s\n", name, op.ID, op.ID)
+		return nil
+	}
+	if op, err = newProgressPrinter().watch(ctx, c, op.ID); err != nil {
+		return err
+	}
+	var t client.TemplateInfo
+	op.DecodeResult(&t)
+	if cl.json {
+		return cl.printJSON(t)
+	}
+	fmt.Fprintf(cl.out, "built %s %s (%s, %d files)\n", name, t.Digest, humanBytes(t.SizeBytes), t.Files)
+	return nil
+}
+
+// buildLocal builds a template from host files with the template manager
+// itself. Host paths are never accepted over the API: whoever names them
+// must already be able to read them, which the API cannot check.
+func (c *clientCLI) buildLocal(ctx context.Context, dataDir string, uidBase uint32, req template.BuildRequest) error {
+	abs, err := filepath.Abs(req.Path)
+	if err != nil {
+		return err
+	}
+	req.Path = abs
+	dir := filepath.Join(dataDir, "templates")
+	m, err := template.NewManager(dir, template.Options{UIDBase: uidBase, UIDCount: 65536})
+	if errors.Is(err, template.ErrLocked) {
+		return fmt.Errorf("%s is in use by a running server: stop it, build, then start it again (busybox and debian templates build through the API while it runs)", dir)
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tty := isTerminal(os.Stderr)
+	last := ""
+	t, err := m.Build(ctx, req, func(stage string, done, total int64, msg string) {
+		line := stage
+		if total > 0 {
+			line += fmt.Sprintf(" %d%%", 100*done/total)
+		}
+		if msg != "" {
+			line += " " + msg
+		}
+		if line == last {
+			return
+		}
+		last = line
+		if tty {
+			fmt.Fprintf(os.Stderr, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(os.Stderr, line)
+		}
+	})
+	if tty && last != "" {
+		fmt.Fprintln(os.Stderr)
+	}
+	if err != nil {
+		return fmt.Errorf("build %s: %w", req.Name, err)
+	}
+	info := client.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
+		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, CreatedAt: t.CreatedAt}
+	if c.json {
+		return c.printJSON(info)
+	}
+	fmt.Fprintf(c.out, "built %s %s (%s, %d files)\n", t.Name, t.Digest, humanBytes(t.SizeBytes), t.Files)
+	return nil
+}
+
+const opsUsage = `usage: space ops <verb> [flags]
+
+verbs:
+  get   ID [--wait 30s]   show an operation; --wait holds until it is done (at most 60s)
+  watch ID                follow an operation until it is done; exits 1 if it failed
+
+every verb takes --url, --api-key and --json`
+
+func runOps(args []string) error {
+	if len(args) == 0 {
+		return errors.New(opsUsage)
+	}
+	switch args[0] {
+	case "get", "show":
+		return opsGet(args[1:])
+	case "watch":
+		return opsWatch(args[1:])
+	case "help", "-h", "--help":
+		fmt.Println(opsUsage)
+		return nil
+	}
+	return fmt.Errorf("unknown ops verb %q\n%s", args[0], opsUsage)
+}
+
+func (c *clientCLI) printOperation(op client.Operation) {
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	rows := [][2]string{
+		{"id", op.ID}, {"kind", op.Kind}, {"target", op.Target}, {"state", op.State},
+		{"progress", fmt.Sprintf("%d%%", op.Progress)}, {"message", op.Message},
+		{"created", op.CreatedAt.Local().Format(time.RFC3339)}, {"updated", op.UpdatedAt.Local().Format(time.RFC3339)},
+	}
+	if op.Error != nil {
+		rows = append(rows, [2]string{"error", op.Error.Code + ": " + op.Error.Message})
+	}
+	for _, r := range rows {
+		if r[1] == "" {
+			r[1] = "-"
+		}
+		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
+	}
+	tw.Flush()
+}
+
+func opsGet(args []string) error {
+	fs, cl := newClientFlags("ops get")
+	wait := fs.Duration("wait", 0, "wait up to this long (at most 60s) for the operation to finish")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "ID [--wait 30s]"); err != nil {
+		return err
+	}
+	if *wait < 0 || *wait > 60*time.Second {
+		return errors.New("--wait must be between 0 and 60s")
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	op, err := c.GetOperation(ctx, pos[0], *wait)
+	if err != nil {
+		return err
+	}
+	if cl.json {
+		return cl.printJSON(op)
+	}
+	cl.printOperation(op)
+	return nil
+}
+
+func opsWatch(args []string) error {
+	fs, cl := newClientFlags("ops watch")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "ID"); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	enc := json.NewEncoder(cl.out)
+	op, err := c.WatchOperation(ctx, pos[0], func(op client.Operation) {
+		if cl.json {
+			enc.Encode(op) // one object per line
+			return
+		}
+		line := fmt.Sprintf("%s  %-9s %3d%%", op.UpdatedAt.Local().Format("15:04:05"), op.State, op.Progress)
+		if op.Message != "" {
+			line += "  " + op.Message
+		}
+		fmt.Fprintln(cl.out, line)
+	})
+	var oe *client.OperationError
+	if errors.As(err, &oe) && op.Error != nil && !cl.json {
+		fmt.Fprintf(cl.out, "error: %s: %s\n", op.Error.Code, op.Error.Message)
+	}
+	return err
+}

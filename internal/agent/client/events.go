@@ -1,0 +1,131 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/space-sandbox/space/internal/agent"
+)
+
+// ErrBadFrame means the agent sent an event stream that breaks the protocol.
+var ErrBadFrame = errors.New("agent: malformed event stream")
+
+// EventReader reads one process's events. It is not safe for concurrent use.
+type EventReader struct {
+	body io.ReadCloser
+	br   *bufio.Reader
+	last uint64 // seq of the last event returned (or the after value)
+	done bool
+	err  error
+	hdr  [agent.FrameHeaderSize]byte
+}
+
+// Events follows a process's events after seq after (0: from the start).
+// It fails with an *Error with Code "events_gone" (IsGone) when the agent no
+// longer holds them.
+func (c *Client) Events(ctx context.Context, id string, after uint64) (*EventReader, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatUint(after, 10))
+	}
+	resp, err := c.do(ctx, http.MethodGet, processPath(id, "/events"), q, nil, "", http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, agent.EventsContentType) {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%w: content type %q", ErrBadFrame, sanitize(ct, 64))
+	}
+	return newEventReader(resp.Body, after), nil
+}
+
+func newEventReader(body io.ReadCloser, after uint64) *EventReader {
+	return &EventReader{body: body, br: bufio.NewReaderSize(body, 64<<10), last: after}
+}
+
+// Next returns the next event. After the exit event it returns io.EOF. The
+// returned event's Data is owned by the caller. A stream that ends before
+// the exit event fails with io.ErrUnexpectedEOF; a malformed one with
+// ErrBadFrame.
+func (r *EventReader) Next() (agent.Event, error) {
+	if r.err != nil {
+		return agent.Event{}, r.err
+	}
+	ev, err := r.next()
+	if err != nil {
+		r.err = err
+		return agent.Event{}, err
+	}
+	return ev, nil
+}
+
+func (r *EventReader) next() (agent.Event, error) {
+	if r.done {
+		return agent.Event{}, io.EOF
+	}
+	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return agent.Event{}, fmt.Errorf("agent: event stream: %w", err)
+	}
+	seq := binary.BigEndian.Uint64(r.hdr[0:8])
+	typ := r.hdr[8]
+	n := binary.BigEndian.Uint32(r.hdr[9:13])
+	switch {
+	case typ != agent.EventStdout && typ != agent.EventStderr && typ != agent.EventExit:
+		return agent.Event{}, fmt.Errorf("%w: unknown event type %d", ErrBadFrame, typ)
+	case n > agent.MaxEventPayload:
+		return agent.Event{}, fmt.Errorf("%w: event of %d bytes", ErrBadFrame, n)
+	case seq != r.last+1:
+		// The agent answers 410 rather than skip events, so the first
+		// event follows `after` directly and each next one its
+		// predecessor.
+		return agent.Event{}, fmt.Errorf("%w: seq %d after %d", ErrBadFrame, seq, r.last)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(r.br, data); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return agent.Event{}, fmt.Errorf("agent: event stream: %w", err)
+	}
+	r.last = seq
+	if typ == agent.EventExit {
+		r.done = true
+		// The agent ends the body right after the exit event. Reading up
+		// to that end hands the connection back to the pool; it blocks no
+		// longer than any Next does (the request's ctx bounds it).
+		r.br.Peek(1)
+	}
+	return agent.Event{Seq: seq, Type: typ, Data: data}, nil
+}
+
+// ExitStatus decodes an exit event's payload.
+func ExitStatus(ev agent.Event) (agent.Exit, error) {
+	var e agent.Exit
+	if ev.Type != agent.EventExit {
+		return e, fmt.Errorf("agent: event %d is not an exit event", ev.Seq)
+	}
+	if err := json.Unmarshal(ev.Data, &e); err != nil {
+		return e, fmt.Errorf("%w: exit payload: %v", ErrBadFrame, err)
+	}
+	return e, nil
+}
+
+// Close releases the stream. It is safe to call more than once.
+func (r *EventReader) Close() error {
+	if r.err == nil {
+		r.err = errors.New("agent: event reader closed")
+	}
+	return r.body.Close()
+}

@@ -1,0 +1,130 @@
+package namespace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/driver"
+)
+
+// Instance is one namespace sandbox.
+type Instance struct {
+	d      *Driver
+	id     string
+	sock   string
+	groups []*cgroups.Group // [0] is the live group; more only during cleanup
+	proc   *process
+	timing driver.Timing
+
+	mu        sync.Mutex
+	destroyed bool
+}
+
+var _ driver.Instance = (*Instance)(nil)
+
+// ID implements driver.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// PID is the host pid of the sandbox's PID 1.
+func (i *Instance) PID() int { return i.proc.pid }
+
+// Done is closed when the sandbox's PID 1 has exited, i.e. the sandbox is
+// dead (killed, OOM, agent crash) and only needs Destroy.
+func (i *Instance) Done() <-chan struct{} { return i.proc.done }
+
+// Cgroup is the sandbox's cgroup (freeze/thaw, stats).
+func (i *Instance) Cgroup() *cgroups.Group { return i.groups[0] }
+
+// Dial implements driver.Instance.
+func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
+	var dd net.Dialer
+	c, err := dd.DialContext(ctx, "unix", i.sock)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: dial agent of %s: %w", i.id, err)
+	}
+	return c, nil
+}
+
+// SetLimits implements driver.Instance. Zero fields take the driver's
+// defaults, as at create.
+func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
+	if err := i.groups[0].SetLimits(i.d.limits(l)); err != nil {
+		return fmt.Errorf("namespace: %s: %w", i.id, err)
+	}
+	return nil
+}
+
+// OOMKills implements driver.Instance.
+func (i *Instance) OOMKills() (uint64, error) { return i.groups[0].OOMKills() }
+
+// Timing implements driver.Instance.
+func (i *Instance) Timing() driver.Timing { return i.timing }
+
+// Destroy implements driver.Instance.
+func (i *Instance) Destroy(ctx context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.destroyed {
+		return nil
+	}
+	if err := i.d.teardown(ctx, i.id, i.proc, i.groups, []string{i.sock}); err != nil {
+		return err
+	}
+	i.destroyed = true
+	return nil
+}
+
+// teardown kills a sandbox and removes everything it had on the host. proc
+// may be nil (nothing verified to kill); every step tolerates what is
+// already gone, so it can be repeated.
+func (d *Driver) teardown(ctx context.Context, id string, proc *process, groups []*cgroups.Group, socks []string) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultDestroyWait)
+		defer cancel()
+	}
+	var errs []error
+	if proc != nil {
+		// PID 1 dying tears down the pid namespace (the kernel kills every
+		// other process in it) and with it the mount and network namespaces.
+		if err := proc.kill(); err != nil {
+			errs = append(errs, fmt.Errorf("kill pid %d: %w", proc.pid, err))
+		}
+		select {
+		case <-proc.done:
+			proc.release()
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("pid %d did not exit: %w", proc.pid, ctx.Err()))
+		}
+	}
+	// Backstop for anything left in the cgroups, then remove them.
+	for _, g := range groups {
+		if err := g.Destroy(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// Keep the state dir so a later Destroy or Sweep can retry.
+		return fmt.Errorf("namespace: destroy %s: %w", id, errors.Join(errs...))
+	}
+	for _, s := range socks {
+		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	// upper/ holds files of the sandbox's uids; host root removes them all.
+	if err := os.RemoveAll(filepath.Join(d.opts.StateDir, id)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("namespace: destroy %s: %w", id, errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,499 @@
+// Package namespace is the Linux-namespaces driver: each sandbox is the
+// `space` binary running `agent --init` as PID 1 of new user, mount, pid,
+// uts, ipc, net (and, from inside, cgroup) namespaces, on an overlay of the
+// template, in its own cgroups, under seccomp and no_new_privs. Its uid 0 is
+// an unprivileged uid on the host. It is the fastest driver and the weakest
+// boundary: the sandbox shares the host kernel.
+//
+// The host talks to the agent over a unix socket that the driver creates and
+// passes to PID 1 as a listening descriptor; the socket file stays on the
+// host, out of the sandbox's view. Sandboxes are not tied to the node
+// process: they survive its restart and are re-adopted with Attach.
+package namespace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/sandboxinit"
+	"golang.org/x/sys/unix"
+)
+
+// Name is the driver's name.
+const Name = "namespace"
+
+// Defaults.
+const (
+	DefaultUIDBase  = 100000
+	DefaultUIDCount = 65536
+	// DefaultPids caps tasks when neither the spec nor Options say
+	// otherwise: pid exhaustion is host-wide.
+	DefaultPids         = 4096
+	defaultReadyTimeout = 10 * time.Second
+	defaultDestroyWait  = 10 * time.Second
+	maxSocketPath       = 107 // sun_path holds 108 bytes with the NUL
+)
+
+var defaultAgentArgs = []string{"agent", "--init"}
+
+// Options configure the driver.
+type Options struct {
+	// StateDir holds one dir per sandbox: upper/, work/, merged/,
+	// state.json and init.log.
+	StateDir string
+	// RunDir holds the agent sockets, <RunDir>/<id>.sock; keep it short.
+	RunDir string
+	// AgentPath is the `space` binary run as the sandbox's PID 1.
+	AgentPath string
+	// AgentArgs come before the init flags; default ["agent", "--init"].
+	AgentArgs []string
+	// Env is the agent's environment; default PATH and HOME.
+	Env []string
+	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map to.
+	UIDBase, UIDCount uint32
+	// DefaultLimits fill in zero fields of a spec's limits.
+	DefaultLimits driver.Limits
+	// CgroupBase is the dir below the node's cgroups that holds sandbox
+	// groups; default cgroups.DefaultBase ("space").
+	CgroupBase string
+	// ReadyTimeout bounds how long Create waits for the agent; default 10s.
+	ReadyTimeout time.Duration
+	// Network, if set, runs on the host once the sandbox's PID 1 exists and
+	// before it is released (e.g. to put a veth into its network
+	// namespace, /proc/<pid>/ns/net). Its time is Timing.Network.
+	Network func(ctx context.Context, id string, pid int) error
+	// Probe, if set, runs once the agent reports ready (e.g. GET /health
+	// over inst.Dial); Create fails if it does.
+	Probe func(ctx context.Context, inst driver.Instance) error
+	Logf  func(format string, args ...any)
+}
+
+// Driver implements driver.Driver with Linux namespaces.
+type Driver struct {
+	opts      Options
+	cg        *cgroups.Manager
+	oomWarned atomic.Bool
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// New checks the host and prepares the driver's dirs.
+func New(opts Options) (*Driver, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("namespace: must run as root: %w", driver.ErrUnsupported)
+	}
+	if opts.StateDir == "" || opts.RunDir == "" || opts.AgentPath == "" {
+		return nil, errors.New("namespace: StateDir, RunDir and AgentPath are required")
+	}
+	var err error
+	for _, p := range []*string{&opts.StateDir, &opts.RunDir, &opts.AgentPath} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+	}
+	if opts.AgentArgs == nil {
+		opts.AgentArgs = defaultAgentArgs
+	}
+	if opts.Env == nil {
+		opts.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	}
+	if opts.UIDBase == 0 {
+		opts.UIDBase = DefaultUIDBase
+	}
+	if opts.UIDCount == 0 {
+		opts.UIDCount = DefaultUIDCount
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = defaultReadyTimeout
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	if room := maxSocketPath - len(opts.RunDir) - len("/.sock"); room < 64 {
+		if room < 16 {
+			return nil, fmt.Errorf("namespace: RunDir %q too long for unix socket paths", opts.RunDir)
+		}
+		opts.Logf("namespace: RunDir %s leaves room for sandbox ids of %d bytes only", opts.RunDir, room)
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	if err := os.MkdirAll(opts.RunDir, 0o700); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	// The sandbox's root is "other" on the host: it must be able to walk to
+	// its overlay dirs and to the binary it execs.
+	if err := ensureTraversable(opts.StateDir, opts.Logf); err != nil {
+		return nil, err
+	}
+	if err := ensureTraversable(filepath.Dir(opts.AgentPath), opts.Logf); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(opts.AgentPath)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: agent binary: %w", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o001 == 0 {
+		return nil, fmt.Errorf("namespace: agent binary %s must be a regular file executable by others (mode %v)", opts.AgentPath, fi.Mode())
+	}
+	cg, err := cgroups.New(opts.CgroupBase)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w: %w", err, driver.ErrUnsupported)
+	}
+	opts.Logf("namespace driver: cgroups %s", cg)
+	return &Driver{opts: opts, cg: cg}, nil
+}
+
+// Name implements driver.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Cgroups exposes the cgroup manager (e.g. for the node's metrics).
+func (d *Driver) Cgroups() *cgroups.Manager { return d.cg }
+
+func (d *Driver) sandboxDir(id string) string { return filepath.Join(d.opts.StateDir, id) }
+func (d *Driver) sockPath(id string) string   { return filepath.Join(d.opts.RunDir, id+".sock") }
+
+// limits resolves zero fields: the spec, then Options.DefaultLimits, then
+// DefaultPids for tasks; memory and CPU stay unlimited.
+func (d *Driver) limits(l driver.Limits) cgroups.Limits {
+	def := d.opts.DefaultLimits
+	pick := func(v, dv, fallback int64) int64 {
+		switch {
+		case v > 0:
+			return v
+		case dv > 0:
+			return dv
+		}
+		return fallback
+	}
+	return cgroups.Limits{
+		MemoryBytes: pick(l.MemoryBytes, def.MemoryBytes, 0),
+		CPUMillis:   pick(l.CPUMillis, def.CPUMillis, 0),
+		Pids:        pick(l.Pids, def.Pids, DefaultPids),
+	}
+}
+
+// cleanup is a stack of undo steps for a half-built sandbox.
+type cleanup []func()
+
+func (c *cleanup) push(f func()) { *c = append(*c, f) }
+
+func (c *cleanup) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
+}
+
+// Create implements driver.Driver.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instance, err error) {
+	t0 := time.Now()
+	id := spec.ID
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("namespace: invalid sandbox id %q", id)
+	}
+	if len(d.sockPath(id)) > maxSocketPath {
+		return nil, fmt.Errorf("namespace: socket path for %q too long; use a shorter RunDir", id)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = id
+	}
+	rootfs := filepath.Clean(spec.RootfsDir)
+	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() || !filepath.IsAbs(rootfs) {
+		return nil, fmt.Errorf("namespace: rootfs %q is not an absolute directory path (%v)", spec.RootfsDir, err)
+	}
+	if err := ensureTraversable(filepath.Dir(rootfs), d.opts.Logf); err != nil {
+		return nil, err
+	}
+	dir := d.sandboxDir(id)
+	cfg := sandboxinit.Config{
+		Rootfs:   rootfs,
+		Upper:    filepath.Join(dir, "upper"),
+		Work:     filepath.Join(dir, "work"),
+		Merged:   filepath.Join(dir, "merged"),
+		Hostname: hostname,
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+
+	// 1. Host dirs. An existing dir means a live or leftover sandbox of
+	// that id: refuse rather than clean up something that is not ours.
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("namespace: sandbox %s already exists", id)
+		}
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	undo.push(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil { // umask
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	for _, p := range []string{cfg.Upper, cfg.Work, cfg.Merged} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+	}
+	// Overlay needs upper and work owned by the sandbox's root.
+	for _, p := range []string{cfg.Upper, cfg.Work} {
+		if err := os.Lchown(p, int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+	}
+
+	// 2. The agent's socket, created here so it never appears inside.
+	sock := d.sockPath(id)
+	_ = os.Remove(sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("namespace: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	undo.push(func() { _ = os.Remove(sock) })
+	lnFile, err := ln.File()
+	_ = ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("namespace: listener fd: %w", err)
+	}
+	defer lnFile.Close()
+	if err := os.Chmod(sock, 0o600); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	defer syncR.Close()
+	defer syncW.Close()
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	defer statR.Close()
+	defer statW.Close()
+	logFile, err := os.OpenFile(filepath.Join(dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	defer logFile.Close()
+
+	// 3. PID 1 in new namespaces. No Pdeathsig: the sandbox must outlive
+	// a restart of the node process.
+	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(d.opts.UIDBase), Size: int(d.opts.UIDCount)}}
+	cmd := &exec.Cmd{
+		Path:       d.opts.AgentPath,
+		Args:       append(append([]string{"space"}, d.opts.AgentArgs...), cfg.Args()...),
+		Env:        d.opts.Env,
+		Dir:        "/",
+		Stdout:     logFile,
+		Stderr:     logFile,
+		ExtraFiles: []*os.File{lnFile, syncR, statW}, // fds 3, 4, 5
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+			UidMappings:                idMap,
+			GidMappings:                idMap,
+			GidMappingsEnableSetgroups: true,
+			Credential:                 &syscall.Credential{Uid: 0, Gid: 0},
+			Setsid:                     true,
+		},
+	}
+	// The cgroup dirs and limits need no pid: make them while the kernel
+	// clones and execs, then only the attach is left.
+	var (
+		group  *cgroups.Group
+		cgErr  error
+		cgTook time.Duration
+		cgDone = make(chan struct{})
+	)
+	go func() {
+		defer close(cgDone)
+		t := time.Now()
+		group, cgErr = d.cg.Create(id)
+		if cgErr == nil {
+			cgErr = group.SetLimits(d.limits(spec.Limits))
+		}
+		cgTook = time.Since(t)
+	}()
+	undo.push(func() {
+		<-cgDone
+		if group == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), defaultDestroyWait)
+		defer cancel()
+		if err := group.Destroy(ctx); err != nil {
+			d.opts.Logf("namespace: %s: %v", id, err)
+		}
+	})
+
+	var timing driver.Timing
+	tStart := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("namespace: start %s: %w", d.opts.AgentPath, err)
+	}
+	timing.Namespaces = time.Since(tStart)
+	proc := newChild(cmd)
+	undo.push(func() {
+		_ = proc.kill()
+		select {
+		case <-proc.done:
+		case <-time.After(defaultDestroyWait):
+			d.opts.Logf("namespace: %s: pid %d did not exit", id, proc.pid)
+		}
+	})
+	// The child holds its own copies now.
+	for _, f := range []*os.File{lnFile, syncR, statW, logFile} {
+		_ = f.Close()
+	}
+
+	startTime, err := procStartTime(proc.pid)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	st := state{
+		ID:        id,
+		PID:       proc.pid,
+		StartTime: startTime,
+		Socket:    sock,
+		Cgroups:   d.cg.Paths(id),
+		Created:   time.Now().UTC(),
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+
+	// 4. Cgroups and OOM protection, then release the child.
+	<-cgDone
+	if cgErr != nil {
+		return nil, fmt.Errorf("namespace: %w", cgErr)
+	}
+	tcg := time.Now()
+	if err := group.Attach(proc.pid); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	// The agent must survive its sandbox's OOM kills (its commands are the
+	// ones to go); children inherit this, so the agent resets it for them.
+	// Lowering it needs CAP_SYS_RESOURCE, which some hosts withhold even
+	// from root; then the agent merely competes on size (it is small).
+	if err := os.WriteFile("/proc/"+strconv.Itoa(proc.pid)+"/oom_score_adj", []byte("-1000"), 0); err != nil {
+		if !errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("namespace: oom_score_adj: %w", err)
+		}
+		if d.oomWarned.CompareAndSwap(false, true) {
+			d.opts.Logf("namespace: cannot protect agents from the OOM killer (no CAP_SYS_RESOURCE): %v", err)
+		}
+	}
+	timing.Cgroups = cgTook + time.Since(tcg)
+
+	if d.opts.Network != nil {
+		tn := time.Now()
+		if err := d.opts.Network(ctx, id, proc.pid); err != nil {
+			return nil, fmt.Errorf("namespace: network: %w", err)
+		}
+		timing.Network = time.Since(tn)
+	}
+
+	if _, err := syncW.Write([]byte{1}); err != nil {
+		return nil, fmt.Errorf("namespace: release init: %w", err)
+	}
+	_ = syncW.Close()
+
+	// 5. Wait for init's status: setup done, filter installed, serving.
+	_ = statR.SetReadDeadline(time.Now().Add(d.opts.ReadyTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = statR.SetReadDeadline(time.Now()) })
+	it, err := sandboxinit.ReadStatus(statR)
+	stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
+		if errors.Is(err, sandboxinit.ErrNoStatus) {
+			select {
+			case <-proc.done:
+				err = fmt.Errorf("%w: %v", err, proc.exitErr)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		return nil, fmt.Errorf("namespace: sandbox %s: %w%s", id, err, logTail(filepath.Join(dir, "init.log")))
+	}
+	timing.Overlay = it.Mounts + it.Pivot
+	timing.Network += it.Network
+
+	inst := &Instance{
+		d:      d,
+		id:     id,
+		sock:   sock,
+		groups: []*cgroups.Group{group},
+		proc:   proc,
+	}
+	if d.opts.Probe != nil {
+		if err := d.opts.Probe(ctx, inst); err != nil {
+			return nil, fmt.Errorf("namespace: sandbox %s: agent probe: %w", id, err)
+		}
+	}
+	timing.AgentReady = time.Since(tStart)
+	timing.Total = time.Since(t0)
+	inst.timing = timing
+	d.opts.Logf("namespace: created %s in %v (start %v, cgroups %v, ready %v; init: cgroupns %v, mounts %v, pivot %v, net %v, harden %v, seccomp %v)",
+		id, timing.Total, timing.Namespaces, timing.Cgroups, timing.AgentReady,
+		it.CgroupNS, it.Mounts, it.Pivot, it.Network, it.Harden, it.Seccomp)
+	return inst, nil
+}
+
+// logTail returns the end of init's log for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return "; init.log: " + string(b)
+}
+
+// ensureTraversable adds search permission for others to dir and every
+// parent lacking it: the sandbox's root is an unprivileged "other" user on
+// the host and has to walk these paths.
+func ensureTraversable(dir string, logf func(string, ...any)) error {
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("namespace: %w", err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(p, fi.Mode()|0o001); err != nil {
+				return fmt.Errorf("namespace: %w", err)
+			}
+			logf("namespace: added o+x to %s so sandboxes can reach their files", p)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,39 @@
+// Command initbin stands in for `space agent --init` in the namespace
+// driver's tests: sandboxinit plus the real agent server.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"os"
+
+	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/sandboxinit"
+)
+
+func main() {
+	args := os.Args[1:]
+	if len(args) < 2 || args[0] != "agent" || args[1] != "--init" {
+		fmt.Fprintln(os.Stderr, "usage: initbin agent --init FLAGS")
+		os.Exit(2)
+	}
+	cfg, err := sandboxinit.ParseArgs(args[2:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	err = sandboxinit.Run(context.Background(), cfg, sandboxinit.Hooks{
+		Harden: agent.HardenSelf,
+		Serve: func(ctx context.Context, l net.Listener) error {
+			agent.StartReaper(ctx)
+			return agent.NewServer(agent.Options{}).Serve(ctx, l)
+		},
+		Logf: log.Printf,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		os.Exit(1)
+	}
+}

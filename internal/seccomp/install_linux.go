@@ -1,0 +1,39 @@
+package seccomp
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Install sets no_new_privs and installs the filter on every thread of the
+// calling process (SECCOMP_FILTER_FLAG_TSYNC also carries no_new_privs to
+// the other threads). It cannot be undone; every process started afterwards
+// inherits it.
+func Install() error {
+	filter, err := Filter()
+	if err != nil {
+		return err
+	}
+	// prctl and seccomp must run on the same thread: no_new_privs is per task.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("seccomp: set no_new_privs: %w", err)
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
+		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(filter)
+	if errno != 0 {
+		return fmt.Errorf("seccomp: install filter: %w", errno)
+	}
+	if r != 0 {
+		// With TSYNC a positive result is the id of a thread that could not
+		// be synchronised; nothing was installed.
+		return fmt.Errorf("seccomp: thread %d could not be synchronised", r)
+	}
+	return nil
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages SPACE and its tests need. Idempotent.
+set -euo pipefail
+pkgs=(ca-certificates git make gcc python3 mmdebstrap busybox-static crun nftables iproute2 procps util-linux)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH=$PATH:/usr/local/go/bin
+fi
+command -v go >/dev/null || { echo "Go 1.26+ is required (https://go.dev/dl); not found on PATH" >&2; exit 1; }

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: formatting, vet, staticcheck, unit tests and the
+# root-only integration tests against a real `space server`. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+export PATH=$PATH:/usr/local/go/bin:$(go env GOPATH)/bin
+export CGO_ENABLED=0
+# Templates are built once per machine and shared by every test package.
+export SPACE_TEMPLATE_CACHE=${SPACE_TEMPLATE_CACHE:-/var/cache/space/test-templates}
+export SPACE_TEST_BASE=${SPACE_TEST_BASE:-1}
+export SPACE_TEST_DEBIAN=${SPACE_TEST_DEBIAN:-0}
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$bad" ]; then echo "gofmt needed: $bad"; exit 1; fi
+echo "== go vet"
+go vet ./...
+echo "== staticcheck"
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+echo "== go test"
+# -p 1: the root tests share host-wide state (cgroups, uid range) and the
+# leak checks must see only their own sandboxes.
+go test -p 1 -count=1 -timeout 45m "$@" ./...

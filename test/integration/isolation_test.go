@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// uploadProbe builds the probe and puts it into the sandbox.
+func uploadProbe(t *testing.T, sb *sandbox) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "probe")
+	build := exec.Command("go", "build", "-o", bin, "./test/integration/testdata/probe")
+	build.Dir = repoRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build probe: %v\n%s", err, out)
+	}
+	raw, _ := os.ReadFile(bin)
+	if st, m, err := doRaw(sb, "PUT", "/files?path=/tmp/probe&mode=0755", string(raw)); err != nil || st != 204 {
+		t.Fatalf("upload probe: %d %v %v", st, m, err)
+	}
+}
+
+func hostAddr(t *testing.T) string {
+	ifs, _ := net.InterfaceAddrs()
+	for _, a := range ifs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
+			return ipn.IP.String()
+		}
+	}
+	return ""
+}
+
+func TestIsolationSyscallsAndNetwork(t *testing.T) {
+	e := need(t)
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	uploadProbe(t, sb)
+	// A listener on the host that the sandbox must not reach.
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	target := "127.0.0.1:" + itoa(port)
+	if ip := hostAddr(t); ip != "" {
+		target = ip + ":" + itoa(port)
+	}
+	out, _, ex := sb.run(t, map[string]any{"argv": []string{"/tmp/probe", target}})
+	if ex.Code != 0 {
+		t.Fatalf("probe: %+v %s", ex, out)
+	}
+	var res map[string]string
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("probe output %q: %v", out, err)
+	}
+	for _, k := range []string{"mount_tmpfs", "mount_proc", "init_module", "finit_module", "kexec_load", "bpf",
+		"perf_event_open", "keyctl", "userfaultfd", "unshare_user", "unshare_mount", "ptrace_agent", "read_agent_mem",
+		"raw_packet_socket", "connect_host"} {
+		if res[k] == "" {
+			t.Errorf("%s succeeded inside the sandbox; it must fail", k)
+		}
+	}
+	if strings.TrimSpace(res["interfaces"]) != "lo" {
+		t.Errorf("sandbox network interfaces = %q, want only lo", res["interfaces"])
+	}
+	t.Logf("probe: %v", res)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestIsolationProcessesFilesUsers(t *testing.T) {
+	e := need(t)
+	a := e.create(t, nil)
+	defer a.delete(t)
+	b := e.create(t, nil)
+	defer b.delete(t)
+	marker := filepath.Join("/tmp", "space-host-marker-"+a.ID)
+	os.WriteFile(marker, []byte("host secret"), 0o644)
+	defer os.Remove(marker)
+
+	// Host files are invisible.
+	if out, ex := a.sh(t, "cat "+marker); ex.Code == 0 {
+		t.Fatalf("sandbox read a host file: %q", out)
+	}
+	// Host and other sandboxes' processes are invisible.
+	b.start(t, map[string]any{"argv": []string{"sleep", "77.5"}})
+	time.Sleep(200 * time.Millisecond)
+	out, _ := a.sh(t, "ps -o pid,args; ls /proc | grep -c '^[0-9]'")
+	if strings.Contains(out, "77.5") || strings.Contains(out, "space server") {
+		t.Fatalf("sandbox sees foreign processes:\n%s", out)
+	}
+	// Another sandbox's files are invisible.
+	a.sh(t, "echo mine > /tmp/only-in-a")
+	if out, ex := b.sh(t, "cat /tmp/only-in-a"); ex.Code == 0 {
+		t.Fatalf("sandbox b read sandbox a's file: %q", out)
+	}
+	// No agent socket, of its own or of another sandbox, is reachable.
+	if out, _ := a.sh(t, "find / -xdev -type s 2>/dev/null; ls "+e.runDir+" 2>&1"); strings.Contains(out, ".sock") && !strings.Contains(out, "No such file") {
+		t.Fatalf("sandbox sees agent sockets:\n%s", out)
+	}
+	// uid 0 inside is an unprivileged uid outside.
+	out, _ = a.sh(t, "id -u; cat /proc/self/uid_map")
+	f := strings.Fields(out)
+	if len(f) < 4 || f[0] != "0" || f[1] != "0" || f[2] == "0" {
+		t.Fatalf("uid map inside: %q", out)
+	}
+	hostUID := hostUIDOf(t, "77.5")
+	if hostUID == "" || hostUID == "0" {
+		t.Fatalf("sandbox process runs as host uid %q", hostUID)
+	}
+}
+
+// hostUIDOf finds a host process whose command line contains marker and
+// returns its real uid as the host sees it.
+func hostUIDOf(t *testing.T, marker string) string {
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmd), marker) {
+			continue
+		}
+		st, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "status"))
+		for _, line := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(line, "Uid:") {
+				return strings.Fields(line)[1]
+			}
+		}
+	}
+	return ""
+}
+
+func TestForkBombAndOOM(t *testing.T) {
+	e := need(t)
+	sb := e.create(t, map[string]any{"limits": map[string]any{"pids": 64, "memory_bytes": 64 << 20}})
+	defer sb.delete(t)
+	_, ex := sb.sh(t, "bomb() { bomb | bomb & }; bomb; sleep 2; exit 0")
+	t.Logf("fork bomb exit: %+v", ex)
+	// Kill what is left of the bomb, then the sandbox must still work.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, x := sb.sh(t, "kill -9 -1 2>/dev/null; sleep 0.2; echo alive")
+		if x.Code == 0 && strings.Contains(out, "alive") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox unusable after fork bomb: %+v %q", x, out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// A memory hog is OOM-killed and reported as such.
+	_, _, x := sb.run(t, map[string]any{"argv": []string{"sh", "-c", "awk 'BEGIN{s=\"x\"; while(1){s=s s}}'"}})
+	if !x.OOMKilled {
+		t.Fatalf("memory hog: %+v, want oom_killed", x)
+	}
+	if out, x := sb.sh(t, "echo still-here"); x.Code != 0 || !strings.Contains(out, "still-here") {
+		t.Fatalf("sandbox unusable after OOM: %+v", x)
+	}
+}
