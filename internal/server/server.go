@@ -64,12 +64,12 @@ func DefaultConfig() Config {
 
 // Server is a running single-node SPACE.
 type Server struct {
-	cfg       Config
-	store     *sqlite.Store
-	engine    *core.Engine
-	svc       *core.Service
-	node      *node.Node
-	templates *Templates
+	cfg        Config
+	store      *sqlite.Store
+	engine     *core.Engine
+	svc        *core.Service
+	node       *node.Node
+	templates  *Templates
 	ctrl, data *http.Server
 	ctrlLn     net.Listener
 	dataLn     net.Listener
