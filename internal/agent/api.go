@@ -28,7 +28,7 @@ type ProcessSpec struct {
 	User      string `json:"user,omitempty"`
 	Stdin     bool   `json:"stdin,omitempty"`      // keep a stdin pipe open
 	TimeoutMs int64  `json:"timeout_ms,omitempty"` // 0 = no timeout; killed with SIGKILL at the deadline
-	PTY       *PTY   `json:"pty,omitempty"`        // run on a pseudo-terminal (stdout carries the PTY output)
+	PTY       *PTY   `json:"pty,omitempty"`        // run on a pseudo-terminal (stdout carries the PTY output; stdin is always open)
 	Tag       string `json:"tag,omitempty"`        // free-form label, returned in listings
 }
 

@@ -206,7 +206,7 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	s.wg.Add(1 + len(p.outputs))
 	if closing {
 		defer func() {
-			p.kill()
+			p.killForShutdown()
 			p.closeOutputs()
 		}()
 	}
@@ -497,6 +497,27 @@ func (p *process) kill() {
 	}
 	syscall.Kill(-p.pid, syscall.SIGKILL)
 	syscall.Kill(p.pid, syscall.SIGKILL)
+}
+
+// killForShutdown is kill, and also reaches background children left in
+// the group of a command that has exited, if they still hold its output
+// open (so the group still has members and its id cannot have been reused).
+func (p *process) killForShutdown() {
+	p.kill()
+	p.mu.Lock()
+	reaped := p.reaped
+	p.mu.Unlock()
+	if !reaped {
+		return
+	}
+	for _, o := range p.outputs {
+		select {
+		case <-o.done:
+		default:
+			syscall.Kill(-p.pid, syscall.SIGKILL)
+			return
+		}
+	}
 }
 
 // closeOutputs stops the output readers at shutdown.

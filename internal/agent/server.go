@@ -75,7 +75,7 @@ type Server struct {
 	procs    map[string]*process
 	exited   []*process // exited processes, oldest first
 	exitedB  int        // output bytes they retain
-	live     int      // processes not yet exited (including starting)
+	live     int        // processes not yet exited (including starting)
 	nextID   uint64
 	closing  bool
 	shutOnce sync.Once
@@ -175,7 +175,7 @@ func (s *Server) stopAll() {
 	}
 	s.mu.Unlock()
 	for _, p := range procs {
-		p.kill()
+		p.killForShutdown()
 		p.closeOutputs()
 	}
 	done := make(chan struct{})

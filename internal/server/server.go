@@ -229,6 +229,10 @@ func (s *Server) Addr() string { return s.ctrlLn.Addr().String() }
 // DataAddr returns the data plane address.
 func (s *Server) DataAddr() string { return s.dataLn.Addr().String() }
 
+// Node returns the in-process node (for benchmarks and tests that need its
+// per-sandbox create timing or warm-pool state).
+func (s *Server) Node() *node.Node { return s.node }
+
 // Shutdown stops serving. Running sandboxes keep running; the next start
 // re-adopts them.
 func (s *Server) Shutdown(ctx context.Context) error {

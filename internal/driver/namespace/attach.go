@@ -40,7 +40,7 @@ func (d *Driver) Attach(ctx context.Context, id string) (driver.Instance, error)
 	if err := d.cg.Validate(st.Cgroups, id); err != nil {
 		return nil, d.lost(ctx, id, nil, err.Error())
 	}
-	proc, err := openVerified(st.PID, st.StartTime)
+	proc, err := openVerified(st.PID, st.StartTime, st.PidNS)
 	if err != nil {
 		return nil, d.lost(ctx, id, nil, err.Error())
 	}
@@ -99,7 +99,7 @@ func (d *Driver) removeLeftovers(ctx context.Context, id string, proc *process) 
 			socks = append(socks, st.Socket)
 		}
 		if proc == nil {
-			proc, _ = openVerified(st.PID, st.StartTime)
+			proc, _ = openVerified(st.PID, st.StartTime, st.PidNS)
 		}
 	}
 	return d.teardown(ctx, id, proc, groups, socks)

@@ -3,6 +3,7 @@ package namespace
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,39 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(nodeHelperEnv); spec != "" {
+		os.Exit(nodeHelper(spec))
+	}
 	os.Exit(run(m))
+}
+
+// nodeHelperEnv makes the test binary act as a node process that creates
+// one sandbox, reports it and then waits to be killed.
+const nodeHelperEnv = "NSDRV_NODE_HELPER"
+
+type nodeHelperSpec struct {
+	StateDir, RunDir, AgentPath, CgroupBase string
+	ID, Rootfs                              string
+}
+
+func nodeHelper(spec string) int {
+	var hs nodeHelperSpec
+	if err := json.Unmarshal([]byte(spec), &hs); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	d, err := New(Options{StateDir: hs.StateDir, RunDir: hs.RunDir, AgentPath: hs.AgentPath, CgroupBase: hs.CgroupBase})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	inst, err := d.Create(context.Background(), driver.Spec{ID: hs.ID, RootfsDir: hs.Rootfs})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fmt.Println("READY", inst.(*Instance).PID())
+	select {}
 }
 
 func run(m *testing.M) int {

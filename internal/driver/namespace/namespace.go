@@ -375,10 +375,15 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("namespace: %w", err)
 	}
+	pidNS, err := pidNamespace(proc.pid)
+	if err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
 	st := state{
 		ID:        id,
 		PID:       proc.pid,
 		StartTime: startTime,
+		PidNS:     pidNS,
 		Socket:    sock,
 		Cgroups:   d.cg.Paths(id),
 		Created:   time.Now().UTC(),

@@ -1,7 +1,9 @@
 package namespace
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -533,4 +535,105 @@ func TestNetworkHookAndProbe(t *testing.T) {
 		t.Fatalf("want probe error, got %v", err)
 	}
 	assertGone(t, d, "noprobe", sawPid)
+}
+
+// TestSurvivesNodeKill creates a sandbox from another process, kills that
+// process with SIGKILL, and re-adopts the sandbox, which is then nobody's
+// child of ours: liveness and kill go through the pidfd.
+func TestSurvivesNodeKill(t *testing.T) {
+	requireSandbox(t)
+	opts := testOptions(t)
+	d := newDriver(t, opts) // its cleanup sweeps the orphan if the test fails
+	spec, err := json.Marshal(nodeHelperSpec{
+		StateDir: opts.StateDir, RunDir: opts.RunDir, AgentPath: opts.AgentPath, CgroupBase: opts.CgroupBase,
+		ID: "orphan", Rootfs: rootfs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := exec.Command(os.Args[0], "-test.run=^$")
+	node.Env = append(os.Environ(), nodeHelperEnv+"="+string(spec))
+	stdout, err := node.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "READY ") {
+		_ = node.Process.Kill()
+		_ = node.Wait()
+		t.Fatalf("node helper: %q %v", line, err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "READY ")))
+	if err := node.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = node.Wait()
+
+	got, err := d.Attach(testCtx(t), "orphan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := got.(*Instance)
+	if inst.PID() != pid {
+		t.Fatalf("attached pid %d, node reported %d", inst.PID(), pid)
+	}
+	if out := mustSh(t, inst, "echo survived"); out != "survived" {
+		t.Errorf("got %q", out)
+	}
+	if err := inst.Destroy(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inst.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed for a re-attached sandbox")
+	}
+	// Reaping the orphan is up to its new parent (init), so only check
+	// it is no longer running.
+	if _, zombie, err := procStat(pid); err == nil && !zombie {
+		t.Errorf("pid %d still running", pid)
+	}
+	for _, p := range append([]string{d.sandboxDir("orphan"), d.sockPath("orphan")}, d.cg.Paths("orphan").Dirs...) {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left behind", p)
+		}
+	}
+}
+
+func TestParallelCreate(t *testing.T) {
+	requireSandbox(t)
+	d := newDriver(t, testOptions(t))
+	const n = 6
+	errs := make(chan error, n)
+	insts := make(chan *Instance, n)
+	for i := range n {
+		go func() {
+			inst, err := d.Create(testCtx(t), driver.Spec{ID: fmt.Sprintf("par-%d", i), RootfsDir: rootfs})
+			if err != nil {
+				errs <- err
+				return
+			}
+			insts <- inst.(*Instance)
+			errs <- nil
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(insts)
+	for inst := range insts {
+		if got := mustSh(t, inst, "hostname"); got != inst.ID() {
+			t.Errorf("hostname %q in %s", got, inst.ID())
+		}
+		pid := inst.PID()
+		if err := inst.Destroy(testCtx(t)); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, d, inst.ID(), pid)
+	}
 }

@@ -40,8 +40,10 @@ func newChild(cmd *exec.Cmd) *process {
 var errGone = errors.New("process gone")
 
 // openVerified opens a pidfd on pid and checks that it is still the process
-// that started at startTime; the pidfd then pins that exact process.
-func openVerified(pid int, startTime uint64) (*process, error) {
+// that started at startTime (clock ticks, so only coarse) as the first
+// process of pid namespace pidNS (unique while it lives); the pidfd then
+// pins that exact process.
+func openVerified(pid int, startTime, pidNS uint64) (*process, error) {
 	if pid <= 1 {
 		return nil, fmt.Errorf("%w: bad pid %d", errGone, pid)
 	}
@@ -53,7 +55,8 @@ func openVerified(pid int, startTime uint64) (*process, error) {
 		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	st, zombie, err := procStat(pid)
-	if err != nil || st != startTime || zombie {
+	ns, nsErr := pidNamespace(pid)
+	if err != nil || nsErr != nil || st != startTime || ns != pidNS || zombie {
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("%w: pid %d was reused or has exited", errGone, pid)
 	}
@@ -140,6 +143,15 @@ func procStat(pid int) (start uint64, zombie bool, err error) {
 		return 0, false, fmt.Errorf("malformed /proc/%d/stat: %w", pid, err)
 	}
 	return start, string(f[0]) == "Z" || string(f[0]) == "X", nil
+}
+
+// pidNamespace returns the inode of the pid namespace pid lives in.
+func pidNamespace(pid int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/pid", &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }
 
 func procStartTime(pid int) (uint64, error) {

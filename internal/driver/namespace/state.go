@@ -18,6 +18,7 @@ type state struct {
 	ID        string        `json:"id"`
 	PID       int           `json:"pid"`        // host pid of the sandbox's PID 1
 	StartTime uint64        `json:"start_time"` // /proc/<pid>/stat start time, against pid reuse
+	PidNS     uint64        `json:"pid_ns"`     // inode of its pid namespace, ditto
 	Socket    string        `json:"socket"`
 	Cgroups   cgroups.Paths `json:"cgroups"`
 	Created   time.Time     `json:"created"`
