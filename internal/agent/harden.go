@@ -23,7 +23,7 @@ import (
 //     the namespace anyway; SIGKILL and SIGSTOP never are.)
 //   - The agent is made non-dumpable, so sandbox processes cannot read its
 //     memory through /proc/1/mem or ptrace it.
-//   - CAP_SYS_PTRACE leaves the capability bounding set of every thread, so
+//   - CAP_SYS_PTRACE and CAP_NET_RAW leave the capability bounding set of every thread, so
 //     no command the agent starts can gain it. This needs a binary built
 //     with CGO_ENABLED=0 (syscall.AllThreadsSyscall refuses with ENOTSUP
 //     under cgo); in a cgo build the step is skipped without an error.
@@ -35,9 +35,13 @@ func HardenSelf() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("agent: prctl(PR_SET_DUMPABLE): %w", err)
 	}
-	_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_PTRACE, 0)
-	if errno != 0 && !errors.Is(errno, syscall.ENOTSUP) {
-		return fmt.Errorf("agent: drop CAP_SYS_PTRACE from the bounding set: %w", errno)
+	// CAP_NET_RAW goes too: raw and packet sockets are the classic tool for
+	// spoofing and sniffing, and nothing a sandbox should do needs them.
+	for _, c := range []uintptr{unix.CAP_SYS_PTRACE, unix.CAP_NET_RAW} {
+		_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0)
+		if errno != 0 && !errors.Is(errno, syscall.ENOTSUP) {
+			return fmt.Errorf("agent: drop capability %d from the bounding set: %w", c, errno)
+		}
 	}
 	return nil
 }

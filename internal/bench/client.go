@@ -1,0 +1,334 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Client is a plain net/http client of the control API and the data plane,
+// doing what an application would: JSON requests, long-polled operations and
+// SSE command output, over kept-alive loopback connections.
+type Client struct {
+	base string // control API, e.g. http://127.0.0.1:7070
+	key  string
+	hc   *http.Client
+}
+
+// NewClient returns a client of the control API at base (http://host:port).
+func NewClient(base, apiKey string) *Client {
+	tr := &http.Transport{
+		Proxy:               nil, // loopback only; never an environment proxy
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{base: strings.TrimRight(base, "/"), key: apiKey, hc: &http.Client{Transport: tr}}
+}
+
+// Close drops idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Sandbox is what a create returns: the id and the data-connection grant.
+type Sandbox struct {
+	ID      string
+	Token   string
+	DataURL string
+}
+
+// APIError is an error answer of the server.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("HTTP %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+type operation struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (o operation) done() bool {
+	return o.State == "succeeded" || o.State == "failed" || o.State == "cancelled"
+}
+
+func (o operation) err() error {
+	if o.State == "succeeded" {
+		return nil
+	}
+	if o.Error != nil {
+		return fmt.Errorf("operation %s %s: %s: %s", o.ID, o.State, o.Error.Code, o.Error.Message)
+	}
+	return fmt.Errorf("operation %s %s", o.ID, o.State)
+}
+
+// do sends one request and decodes a JSON answer into out (if non-nil).
+func (c *Client) do(ctx context.Context, method, u, auth string, body any, want int, out any) error {
+	var rd io.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Authorization", "Bearer "+auth)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, u, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: read answer: %w", method, u, err)
+	}
+	if resp.StatusCode != want {
+		var env struct {
+			Error struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &env)
+		return fmt.Errorf("%s %s: %w", method, u, &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message})
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("%s %s: decode answer: %w", method, u, err)
+		}
+	}
+	return nil
+}
+
+// waitOp long-polls an operation until it is done and returns its error.
+func (c *Client) waitOp(ctx context.Context, id string) error {
+	for {
+		var op operation
+		if err := c.do(ctx, http.MethodGet, c.base+"/v1/operations/"+url.PathEscape(id)+"?wait=30s", c.key, nil, http.StatusOK, &op); err != nil {
+			return err
+		}
+		if op.done() {
+			return op.err()
+		}
+	}
+}
+
+// StartCreate posts a create and returns the sandbox and its operation id
+// without waiting.
+func (c *Client) StartCreate(ctx context.Context, template string) (Sandbox, string, error) {
+	var ans struct {
+		Operation operation `json:"operation"`
+		Sandbox   struct {
+			ID string `json:"id"`
+		} `json:"sandbox"`
+		Session struct {
+			Token   string `json:"token"`
+			DataURL string `json:"data_url"`
+		} `json:"session"`
+	}
+	if err := c.do(ctx, http.MethodPost, c.base+"/v1/sandboxes", c.key, map[string]any{"template": template}, http.StatusAccepted, &ans); err != nil {
+		return Sandbox{}, "", err
+	}
+	sb := Sandbox{ID: ans.Sandbox.ID, Token: ans.Session.Token, DataURL: strings.TrimRight(ans.Session.DataURL, "/")}
+	if sb.ID == "" || sb.Token == "" || sb.DataURL == "" || ans.Operation.ID == "" {
+		return sb, "", errors.New("create answer lacks sandbox id, session or operation")
+	}
+	return sb, ans.Operation.ID, nil
+}
+
+// Create creates a sandbox and waits until its create operation succeeded.
+// On failure the returned Sandbox still names the sandbox if one was made.
+func (c *Client) Create(ctx context.Context, template string) (Sandbox, error) {
+	sb, op, err := c.StartCreate(ctx, template)
+	if err != nil {
+		return sb, err
+	}
+	return sb, c.waitOp(ctx, op)
+}
+
+// Delete deletes a sandbox and waits until the delete operation succeeded.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	var ans struct {
+		Operation operation `json:"operation"`
+	}
+	if err := c.do(ctx, http.MethodDelete, c.base+"/v1/sandboxes/"+url.PathEscape(id), c.key, nil, http.StatusAccepted, &ans); err != nil {
+		return err
+	}
+	return c.waitOp(ctx, ans.Operation.ID)
+}
+
+// List returns the ids of the project's sandboxes in the given states
+// (e.g. "creating,running").
+func (c *Client) List(ctx context.Context, states string) ([]string, error) {
+	var ids []string
+	after := ""
+	for {
+		q := url.Values{"state": {states}, "limit": {"1000"}}
+		if after != "" {
+			q.Set("page_token", after)
+		}
+		var ans struct {
+			Sandboxes []struct {
+				ID string `json:"id"`
+			} `json:"sandboxes"`
+			Next string `json:"next_page_token"`
+		}
+		if err := c.do(ctx, http.MethodGet, c.base+"/v1/sandboxes?"+q.Encode(), c.key, nil, http.StatusOK, &ans); err != nil {
+			return ids, err
+		}
+		for _, s := range ans.Sandboxes {
+			ids = append(ids, s.ID)
+		}
+		if ans.Next == "" {
+			return ids, nil
+		}
+		after = ans.Next
+	}
+}
+
+// ExecResult is the outcome of one command.
+type ExecResult struct {
+	ExitCode int
+	Stdout   int64 // decoded stdout bytes
+	Stderr   []byte
+}
+
+// Exec runs argv in the sandbox over the data plane: POST the command, then
+// follow its SSE stream to the exit event, decoding base64 output. onStdout,
+// if set, sees each decoded chunk (valid only during the call).
+func (c *Client) Exec(ctx context.Context, sb Sandbox, argv []string, onStdout func([]byte)) (ExecResult, error) {
+	var cmd struct {
+		ID string `json:"id"`
+	}
+	base := sb.DataURL + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/commands"
+	if err := c.do(ctx, http.MethodPost, base, sb.Token, map[string]any{"argv": argv}, http.StatusCreated, &cmd); err != nil {
+		return ExecResult{}, err
+	}
+	if cmd.ID == "" {
+		return ExecResult{}, errors.New("command answer lacks an id")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/"+url.PathEscape(cmd.ID)+"/events", nil)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+sb.Token)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("command events: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return ExecResult{}, fmt.Errorf("command events: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	res, err := readCommandEvents(resp.Body, onStdout)
+	if err != nil {
+		return res, err
+	}
+	// Read to the end of the response so the connection goes back to the
+	// pool, as a long-lived client's would.
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return res, nil
+}
+
+// readCommandEvents parses a command's SSE stream until its exit event.
+func readCommandEvents(r io.Reader, onStdout func([]byte)) (ExecResult, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	var (
+		res     ExecResult
+		event   string
+		long    []byte // a line longer than the reader's buffer
+		decoded []byte
+	)
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long, line...)
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return res, errors.New("command events: stream ended without an exit event")
+			}
+			return res, fmt.Errorf("command events: %w", err)
+		}
+		if long != nil {
+			long = append(long, line...)
+			line, long = long, nil
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		switch {
+		case len(line) == 0:
+			event = ""
+		case line[0] == ':':
+		case bytes.HasPrefix(line, []byte("event:")):
+			event = string(bytes.TrimSpace(line[len("event:"):]))
+		case bytes.HasPrefix(line, []byte("data:")):
+			data := line[len("data:"):]
+			if len(data) > 0 && data[0] == ' ' {
+				data = data[1:]
+			}
+			switch event {
+			case "stdout", "stderr":
+				n := base64.StdEncoding.DecodedLen(len(data))
+				if cap(decoded) < n {
+					decoded = make([]byte, n)
+				}
+				n, err := base64.StdEncoding.Decode(decoded[:n], data)
+				if err != nil {
+					return res, fmt.Errorf("command events: bad base64 in %s event: %w", event, err)
+				}
+				if event == "stdout" {
+					res.Stdout += int64(n)
+					if onStdout != nil {
+						onStdout(decoded[:n])
+					}
+				} else if len(res.Stderr) < 4096 {
+					res.Stderr = append(res.Stderr, decoded[:n]...)
+				}
+			case "exit":
+				var ex struct {
+					Code   int    `json:"exit_code"`
+					Signal string `json:"signal"`
+					Error  string `json:"error"`
+				}
+				if err := json.Unmarshal(data, &ex); err != nil {
+					return res, fmt.Errorf("command events: bad exit event: %w", err)
+				}
+				res.ExitCode = ex.Code
+				if ex.Error != "" || ex.Signal != "" {
+					return res, fmt.Errorf("command failed: signal %q, error %q", ex.Signal, ex.Error)
+				}
+				return res, nil
+			}
+		}
+	}
+}
