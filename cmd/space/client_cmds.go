@@ -64,7 +64,7 @@ func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, err
+			return nil, helpOK(err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -73,6 +73,15 @@ func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// helpOK ends the process successfully after -h printed the flags, instead
+// of reporting "help requested" as a failure.
+func helpOK(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	return err
 }
 
 func wantArgs(fs *flag.FlagSet, pos []string, n int, usage string) error {
@@ -506,7 +515,7 @@ func sandboxExec(args []string) error {
 	// Flags go before or right after the id; everything after the first
 	// other word (or after --) is the command, flags included.
 	if err := fs.Parse(args); err != nil {
-		return err
+		return helpOK(err)
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -514,7 +523,7 @@ func sandboxExec(args []string) error {
 	}
 	id := rest[0]
 	if err := fs.Parse(rest[1:]); err != nil {
-		return err
+		return helpOK(err)
 	}
 	argv := fs.Args()
 	if (len(argv) == 0) == (*shell == "") {

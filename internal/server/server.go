@@ -4,7 +4,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
@@ -92,6 +95,7 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 	switch want {
 	case "namespace":
 		return namespace.New(namespace.Options{
+			CgroupBase: cgroupBase(cfg.DataDir),
 			StateDir:  filepath.Join(cfg.DataDir, "sandboxes"),
 			RunDir:    cfg.RunDir,
 			AgentPath: cfg.AgentPath,
@@ -106,23 +110,64 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 	}
 }
 
+// cgroupBase names the cgroup directory of this server's sandboxes. The
+// default data dir uses "space"; any other gets its own name, so two servers
+// on one host (tests, benchmarks) never sweep each other's sandboxes.
+func cgroupBase(dataDir string) string {
+	if filepath.Clean(dataDir) == DefaultConfig().DataDir {
+		return "space"
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(dataDir)))
+	return "space-" + hex.EncodeToString(sum[:4])
+}
+
+// installAgent copies the running binary to dataDir/bin/space, which the
+// driver executes as each sandbox's PID 1: the mapped sandbox root must be
+// able to reach it, and a copy under the data dir avoids opening up the
+// permissions of wherever the operator keeps the binary (e.g. /root).
+func installAgent(dataDir string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find own binary: %w", err)
+	}
+	dst := filepath.Join(dataDir, "bin", "space")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o711); err != nil {
+		return "", err
+	}
+	src, err := os.ReadFile(self)
+	if err != nil {
+		return "", fmt.Errorf("read own binary: %w", err)
+	}
+	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, src) {
+		return dst, nil
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, src, 0o755); err != nil {
+		return "", fmt.Errorf("install agent binary: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", fmt.Errorf("install agent binary: %w", err)
+	}
+	return dst, nil
+}
+
 // Start opens everything, reconciles state left by a previous process and
 // begins serving. It returns once both listeners accept connections.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
-	if cfg.AgentPath == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find own binary: %w", err)
-		}
-		cfg.AgentPath = exe
-	}
 	for _, d := range []string{cfg.DataDir, cfg.RunDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
+	}
+	if cfg.AgentPath == "" {
+		p, err := installAgent(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.AgentPath = p
 	}
 	s := &Server{cfg: cfg}
 	ok := false

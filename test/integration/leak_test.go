@@ -28,7 +28,7 @@ func (e *env) leaks() []string {
 		if strings.Count(p, "/") > 10 {
 			return filepath.SkipDir
 		}
-		if filepath.Base(filepath.Dir(p)) == "space" && strings.HasPrefix(filepath.Base(p), "sbx-") {
+		if strings.HasPrefix(filepath.Base(filepath.Dir(p)), "space") && strings.HasPrefix(filepath.Base(p), "sbx-") {
 			out = append(out, "cgroup: "+p)
 			return filepath.SkipDir
 		}

@@ -1,0 +1,504 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config says what Run measures. Zero counts skip a phase.
+type Config struct {
+	N               int   // sequential cold creates, and as many warm creates
+	Idle            int   // sandboxes alive at once for the memory measurement
+	IdleConcurrency int   // concurrent creates while filling the idle set
+	ExecRuns        int   // `true` round trips
+	StdoutBytes     int64 // bytes per stdout run
+	StdoutRuns      int
+	WarmPool        int // warm pool size for WarmTemplate
+	CrunRuns        int // crun baseline runs
+
+	AgentPath   string // see EnvOptions
+	TemplateDir string
+	// Progress receives one line per phase step (default: dropped).
+	Progress func(format string, args ...any)
+	// ServerLog receives the server's log (default: dropped).
+	ServerLog func(format string, args ...any)
+}
+
+// DefaultConfig is what `space bench` runs with no flags.
+func DefaultConfig() Config {
+	return Config{N: 100, Idle: 500, IdleConcurrency: 4, ExecRuns: 200, StdoutBytes: 256 << 20,
+		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50}
+}
+
+// MaxSandboxes bounds how many sandboxes one run may have alive at once.
+const MaxSandboxes = 600
+
+// Machine describes the host.
+type Machine struct {
+	Kernel   string `json:"kernel"`
+	OS       string `json:"os"`
+	CPUModel string `json:"cpu_model"`
+	CPUs     int    `json:"cpus"`
+	MemTotal string `json:"mem_total"`
+	Cgroups  string `json:"cgroups"`
+	Go       string `json:"go"`
+}
+
+// Breakdown is the driver's create timing, p50 of each step in ms.
+type Breakdown struct {
+	Namespaces float64 `json:"namespaces_p50_ms"`
+	Overlay    float64 `json:"overlay_p50_ms"`
+	Cgroups    float64 `json:"cgroups_p50_ms"`
+	Network    float64 `json:"network_p50_ms"`
+	AgentReady float64 `json:"agent_ready_p50_ms"`
+	Total      float64 `json:"driver_total_p50_ms"`
+}
+
+// ColdResult is the sequential create→exec→delete loop without a pool.
+type ColdResult struct {
+	Create    Summary   `json:"create"`
+	Breakdown Breakdown `json:"breakdown"`
+	FirstExec Summary   `json:"first_exec"`
+	Delete    Summary   `json:"delete"`
+	Cycle     Summary   `json:"cycle"`
+}
+
+// WarmResult is sequential creates claiming warm sandboxes.
+type WarmResult struct {
+	Pool   int     `json:"pool"`
+	Mode   string  `json:"mode"`
+	Create Summary `json:"create"`
+}
+
+// StdoutResult is output streamed over SSE and decoded by the client.
+type StdoutResult struct {
+	Bytes  int64     `json:"bytes_per_run"`
+	Argv   []string  `json:"argv"`
+	MBps   []float64 `json:"mb_per_s"` // decimal MB (1e6 bytes) per second, per run
+	Median float64   `json:"median_mb_per_s"`
+}
+
+// IdleResult is the memory cost of idle sandboxes.
+type IdleResult struct {
+	Wanted          int     `json:"wanted"`
+	Created         int     `json:"created"`
+	Alive           int     `json:"alive"` // answered `true` with exit 0 at the end
+	MemAvailBefore  int64   `json:"mem_available_before_kib"`
+	MemAvailAfter   int64   `json:"mem_available_after_kib"`
+	PerSandboxMiB   float64 `json:"per_sandbox_mib"`
+	CgroupPerMiB    float64 `json:"cgroup_per_sandbox_mib"`     // memory.usage_in_bytes of the sandboxes' cgroups
+	ServerRSSPerMiB float64 `json:"server_rss_per_sandbox_mib"` // growth of this process's RSS
+	CreateSeconds   float64 `json:"create_s"`
+	DeleteSeconds   float64 `json:"delete_s"`
+}
+
+// CrunResult is the crun baseline.
+type CrunResult struct {
+	Skipped string  `json:"skipped,omitempty"`
+	Version string  `json:"version,omitempty"`
+	Cgroups string  `json:"cgroups,omitempty"`
+	Notes   string  `json:"notes,omitempty"`
+	Run     Summary `json:"run"`
+}
+
+// Check is one target and whether it was met.
+type Check struct {
+	Name   string `json:"name"`
+	Target string `json:"target"`
+	Value  string `json:"value"`
+	Pass   bool   `json:"pass"`
+}
+
+// Result is everything one run measured.
+type Result struct {
+	Date     time.Time     `json:"date"`
+	Machine  Machine       `json:"machine"`
+	Driver   string        `json:"driver"`
+	Config   Config        `json:"config"`
+	Cold     *ColdResult   `json:"cold,omitempty"`
+	Warm     *WarmResult   `json:"warm,omitempty"`
+	Exec     *Summary      `json:"exec_true,omitempty"`
+	Stdout   *StdoutResult `json:"stdout,omitempty"`
+	Idle     *IdleResult   `json:"idle,omitempty"`
+	Crun     *CrunResult   `json:"crun,omitempty"`
+	Checks   []Check       `json:"checks"`
+	Errors   []string      `json:"errors,omitempty"`
+	Duration float64       `json:"duration_s"`
+}
+
+// Run starts an in-process server and measures it. It returns the result
+// even when a phase failed (the failure is in Result.Errors and in err).
+// Everything it created is removed before it returns, also on cancellation.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Progress == nil {
+		cfg.Progress = func(string, ...any) {}
+	}
+	if cfg.Idle > MaxSandboxes {
+		return nil, fmt.Errorf("bench: --idle %d is more than the %d sandboxes a run may start", cfg.Idle, MaxSandboxes)
+	}
+	start := time.Now()
+	res := &Result{Date: start.UTC(), Machine: describeMachine(), Config: cfg}
+	res.Config.Progress, res.Config.ServerLog = nil, nil
+	cfg.Progress("starting an in-process server (warm pool %d)", cfg.WarmPool)
+	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool, Logf: cfg.ServerLog})
+	if err != nil {
+		return res, err
+	}
+	res.Driver = env.Server.Node().DriverName()
+	var errs []error
+	phase := func(name string, skip bool, f func() error) {
+		if skip || ctx.Err() != nil {
+			return
+		}
+		cfg.Progress("%s", name)
+		if err := f(); err != nil {
+			err = fmt.Errorf("%s: %w", name, err)
+			errs = append(errs, err)
+			res.Errors = append(res.Errors, err.Error())
+		}
+	}
+	phase("cold create→exec→delete", cfg.N <= 0, func() (err error) { res.Cold, err = runCold(ctx, env, cfg.N); return })
+	phase("warm-pool create", cfg.N <= 0 || cfg.WarmPool <= 0, func() (err error) { res.Warm, err = runWarm(ctx, env, cfg.N); return })
+	phase("exec round trips and stdout", cfg.ExecRuns <= 0 && cfg.StdoutRuns <= 0, func() (err error) {
+		res.Exec, res.Stdout, err = runExec(ctx, env, cfg)
+		return
+	})
+	phase("idle sandboxes", cfg.Idle <= 0, func() (err error) {
+		res.Idle, err = runIdle(ctx, env, cfg.Idle, cfg.IdleConcurrency, cfg.Progress)
+		return
+	})
+	phase("crun baseline", cfg.CrunRuns <= 0, func() (err error) {
+		res.Crun, err = RunCrun(ctx, env.RootfsDir, env.Dir(), cfg.CrunRuns)
+		return
+	})
+	cfg.Progress("cleaning up")
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
+	defer cancel()
+	if err := env.Close(cctx); err != nil {
+		err = fmt.Errorf("cleanup: %w", err)
+		errs = append(errs, err)
+		res.Errors = append(res.Errors, err.Error())
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, ctx.Err())
+	}
+	res.Checks = checks(res, cfg)
+	res.Duration = time.Since(start).Round(time.Millisecond).Seconds()
+	return res, errors.Join(errs...)
+}
+
+func exec1(ctx context.Context, env *Env, sb Sandbox, argv []string) (ExecResult, error) {
+	r, err := env.Client.Exec(ctx, sb, argv, nil)
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("%v exited %d: %s", argv, r.ExitCode, r.Stderr)
+	}
+	return r, err
+}
+
+var trueArgv = []string{"/bin/true"}
+
+func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
+	var create, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tTotal []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		sb, err := env.Client.Create(ctx, ColdTemplate)
+		t1 := time.Now()
+		if err != nil {
+			return nil, fmt.Errorf("create %d: %w", i, err)
+		}
+		tm, err := env.Timing(sb.ID)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := exec1(ctx, env, sb, trueArgv); err != nil {
+			return nil, err
+		}
+		t2 := time.Now()
+		if err := env.Client.Delete(ctx, sb.ID); err != nil {
+			return nil, fmt.Errorf("delete: %w", err)
+		}
+		t3 := time.Now()
+		create, first, del, cycle = append(create, t1.Sub(t0)), append(first, t2.Sub(t1)), append(del, t3.Sub(t2)), append(cycle, t3.Sub(t0))
+		tNS, tOv, tCg = append(tNS, tm.Namespaces), append(tOv, tm.Overlay), append(tCg, tm.Cgroups)
+		tNet, tReady, tTotal = append(tNet, tm.Network), append(tReady, tm.AgentReady), append(tTotal, tm.Total)
+	}
+	return &ColdResult{
+		Create: Summarize(create), FirstExec: Summarize(first), Delete: Summarize(del), Cycle: Summarize(cycle),
+		Breakdown: Breakdown{Namespaces: P50(tNS), Overlay: P50(tOv), Cgroups: P50(tCg), Network: P50(tNet),
+			AgentReady: P50(tReady), Total: P50(tTotal)},
+	}, nil
+}
+
+func runWarm(ctx context.Context, env *Env, n int) (*WarmResult, error) {
+	var create []time.Duration
+	for i := 0; i < n; i++ {
+		if err := env.WaitPool(ctx, 60*time.Second); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		sb, err := env.Client.Create(ctx, WarmTemplate)
+		d := time.Since(t0)
+		if err != nil {
+			return nil, fmt.Errorf("create %d: %w", i, err)
+		}
+		create = append(create, d)
+		if err := env.Client.Delete(ctx, sb.ID); err != nil {
+			return nil, fmt.Errorf("delete: %w", err)
+		}
+	}
+	return &WarmResult{Pool: env.WarmPool, Create: Summarize(create),
+		Mode: fmt.Sprintf("sequential; the pool of %d was refilled to full before each create (a rate the pool sustains)", env.WarmPool)}, nil
+}
+
+func runExec(ctx context.Context, env *Env, cfg Config) (_ *Summary, _ *StdoutResult, err error) {
+	sb, err := env.Client.Create(ctx, ColdTemplate)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if derr := env.Client.Delete(context.WithoutCancel(ctx), sb.ID); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	var execSum *Summary
+	if cfg.ExecRuns > 0 {
+		for i := 0; i < 10; i++ { // warm up connections and the agent
+			if _, err := exec1(ctx, env, sb, trueArgv); err != nil {
+				return nil, nil, err
+			}
+		}
+		var rt []time.Duration
+		for i := 0; i < cfg.ExecRuns; i++ {
+			t0 := time.Now()
+			if _, err := exec1(ctx, env, sb, trueArgv); err != nil {
+				return nil, nil, err
+			}
+			rt = append(rt, time.Since(t0))
+		}
+		s := Summarize(rt)
+		execSum = &s
+	}
+	if cfg.StdoutRuns <= 0 || cfg.StdoutBytes <= 0 {
+		return execSum, nil, nil
+	}
+	out := &StdoutResult{Bytes: cfg.StdoutBytes, Argv: []string{"head", "-c", strconv.FormatInt(cfg.StdoutBytes, 10), "/dev/zero"}}
+	for i := 0; i < cfg.StdoutRuns; i++ {
+		t0 := time.Now()
+		r, err := exec1(ctx, env, sb, out.Argv)
+		d := time.Since(t0)
+		if err != nil {
+			return execSum, nil, err
+		}
+		if r.Stdout != cfg.StdoutBytes {
+			return execSum, nil, fmt.Errorf("stdout: got %d bytes, want %d", r.Stdout, cfg.StdoutBytes)
+		}
+		out.MBps = append(out.MBps, round1(float64(r.Stdout)/1e6/d.Seconds()))
+	}
+	out.Median = medianFloat(out.MBps)
+	return execSum, out, nil
+}
+
+func round1(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
+
+func runIdle(ctx context.Context, env *Env, n, conc int, progress func(string, ...any)) (*IdleResult, error) {
+	if conc <= 0 {
+		conc = 1
+	}
+	res := &IdleResult{Wanted: n}
+	memCg := env.MemoryCgroup()
+	settle(time.Second)
+	res.MemAvailBefore = memAvailable()
+	cgBefore := cgroupUsage(memCg)
+	rssBefore := selfRSS()
+
+	var (
+		mu  sync.Mutex
+		sbs []Sandbox
+	)
+	t0 := time.Now()
+	errs := forEach(ctx, n, conc, func(ctx context.Context, i int) error {
+		sb, err := env.Client.Create(ctx, ColdTemplate)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		sbs = append(sbs, sb)
+		if len(sbs)%100 == 0 {
+			progress("  %d idle sandboxes alive", len(sbs))
+		}
+		mu.Unlock()
+		return nil
+	})
+	res.CreateSeconds = round1(time.Since(t0).Seconds())
+	res.Created = len(sbs)
+	settle(2 * time.Second)
+	res.MemAvailAfter = memAvailable()
+	cgAfter := cgroupUsage(memCg)
+	rssAfter := selfRSS()
+	if c := float64(res.Created); c > 0 {
+		res.PerSandboxMiB = round2(float64(res.MemAvailBefore-res.MemAvailAfter) / 1024 / c)
+		if cgBefore >= 0 && cgAfter >= 0 {
+			res.CgroupPerMiB = round2(float64(cgAfter-cgBefore) / (1 << 20) / c)
+		}
+		res.ServerRSSPerMiB = round2(float64(rssAfter-rssBefore) / 1024 / c)
+	}
+	var aliveN int
+	forEach(ctx, len(sbs), 8, func(ctx context.Context, i int) error {
+		if _, err := exec1(ctx, env, sbs[i], trueArgv); err != nil {
+			return err
+		}
+		mu.Lock()
+		aliveN++
+		mu.Unlock()
+		return nil
+	})
+	res.Alive = aliveN
+	progress("  %d of %d answered a command; deleting them", res.Alive, res.Created)
+	t1 := time.Now()
+	dctx := context.WithoutCancel(ctx)
+	derrs := forEach(dctx, len(sbs), 8, func(ctx context.Context, i int) error {
+		return env.Client.Delete(ctx, sbs[i].ID)
+	})
+	res.DeleteSeconds = round1(time.Since(t1).Seconds())
+	if len(errs) > 0 {
+		return res, fmt.Errorf("%d of %d creates failed, first: %w", len(errs), n, errs[0])
+	}
+	if len(derrs) > 0 {
+		return res, fmt.Errorf("%d deletes failed, first: %w", len(derrs), derrs[0])
+	}
+	return res, ctx.Err()
+}
+
+func round2(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }
+
+// settle returns freed Go heap to the OS and lets the kernel catch up, so
+// memory readings see live memory only.
+func settle(d time.Duration) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	time.Sleep(d)
+}
+
+// memAvailable is MemAvailable in KiB, the median of five readings.
+func memAvailable() int64 {
+	var xs []float64
+	for i := 0; i < 5; i++ {
+		xs = append(xs, float64(meminfo("MemAvailable:")))
+		time.Sleep(100 * time.Millisecond)
+	}
+	return int64(medianFloat(xs))
+}
+
+func meminfo(key string) int64 {
+	return kibField("/proc/meminfo", key)
+}
+
+func selfRSS() int64 { return kibField("/proc/self/status", "VmRSS:") }
+
+// kibField reads "Key:   123 kB" from a /proc file.
+func kibField(path, key string) int64 {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				v, err := strconv.ParseInt(f[0], 10, 64)
+				if err == nil {
+					return v
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// cgroupUsage is memory.usage_in_bytes of a v1 memory cgroup (-1 if none).
+func cgroupUsage(dir string) int64 {
+	if dir == "" {
+		return -1
+	}
+	data, err := os.ReadFile(dir + "/memory.usage_in_bytes")
+	if err != nil {
+		return -1
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+func describeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = unix.ByteSliceToString(u.Release[:])
+	}
+	if data, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "PRETTY_NAME="); ok {
+				m.OS = strings.Trim(v, `"`)
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if kib := meminfo("MemTotal:"); kib > 0 {
+		m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kib)/(1<<20))
+	}
+	m.Cgroups = describeCgroups()
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		m.Cgroups += "; no /dev/kvm"
+	}
+	return m
+}
+
+func describeCgroups() string {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "unknown"
+	}
+	var v1 []string
+	v2 := false
+	for _, m := range parseCgroupMounts(mi) {
+		if m.v2 {
+			v2 = true
+			continue
+		}
+		for _, c := range m.ctls {
+			for _, w := range scopeControllers {
+				if c == w {
+					v1 = append(v1, c)
+				}
+			}
+		}
+	}
+	switch {
+	case len(v1) > 0 && v2:
+		return "hybrid (v1 " + strings.Join(v1, ",") + "; v2 unified)"
+	case v2:
+		return "v2"
+	case len(v1) > 0:
+		return "v1 " + strings.Join(v1, ",")
+	}
+	return "none"
+}

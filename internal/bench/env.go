@@ -1,0 +1,291 @@
+// Package bench measures SPACE end to end: an in-process server (control
+// API, data plane, node with the namespace driver) on temporary directories
+// and loopback ports, driven through its real HTTP API by a plain net/http
+// client. `space bench` and the Go benchmarks in this package use it.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/namespace"
+	"github.com/space-sandbox/space/internal/server"
+	"github.com/space-sandbox/space/internal/store/sqlite"
+	"github.com/space-sandbox/space/internal/template"
+)
+
+// Template names. Both point at the same busybox rootfs; only WarmTemplate
+// has a warm pool, so creates of ColdTemplate always start a sandbox.
+const (
+	WarmTemplate = template.BuiltinMinimal
+	ColdTemplate = "bench-cold"
+	// DefaultTemplateDir caches the built template between runs.
+	DefaultTemplateDir = "/var/cache/space/bench-templates"
+	project            = "bench"
+)
+
+// EnvOptions configure an in-process server for benchmarks.
+type EnvOptions struct {
+	// AgentPath is the `space` binary each sandbox runs as its PID 1;
+	// default: this executable.
+	AgentPath string
+	// TemplateDir caches templates; default DefaultTemplateDir. When another
+	// process holds it, a fresh dir under the run's temp dir is used.
+	TemplateDir string
+	// WarmPool is how many warm sandboxes the node keeps for WarmTemplate.
+	WarmPool int
+	// Logf receives the server's log; default: dropped.
+	Logf func(format string, args ...any)
+}
+
+// Env is a running in-process server with an API key and a client.
+type Env struct {
+	Server    *server.Server
+	Client    *Client
+	RootfsDir string // the template's read-only root filesystem
+	WarmPool  int
+
+	dir       string // temp root: data/, run/, templates/ (fallback)
+	agentPath string
+	logf      func(string, ...any)
+	scope     *cgroupScope
+}
+
+// Start starts a server on fresh temporary directories and random loopback
+// ports. The caller must Close it, also on error paths.
+func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("bench: the namespace driver needs root: %w", driver.ErrUnsupported)
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.AgentPath == "" {
+		if o.AgentPath, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("bench: find own binary: %w", err)
+		}
+	}
+	if o.TemplateDir == "" {
+		o.TemplateDir = DefaultTemplateDir
+	}
+	dir, err := os.MkdirTemp("", "space-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	e := &Env{dir: dir, agentPath: o.AgentPath, logf: o.Logf, WarmPool: o.WarmPool}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			defer cancel()
+			if cerr := e.Close(cctx); cerr != nil {
+				err = fmt.Errorf("%w (cleanup: %v)", err, cerr)
+			}
+		}
+	}()
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if e.scope, err = enterCgroupScope(filepath.Base(dir)); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.RunDir = filepath.Join(dir, "run")
+	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Driver = namespace.Name
+	cfg.AgentPath = o.AgentPath
+	cfg.Builtins = []string{WarmTemplate}
+	cfg.WarmPool = o.WarmPool
+	if o.WarmPool > 0 {
+		cfg.WarmTemplates = []string{WarmTemplate}
+	}
+	cfg.Logf = o.Logf
+	if cfg.TemplateDir, e.RootfsDir, err = prepareTemplates(ctx, o.TemplateDir, filepath.Join(dir, "templates"), cfg.UIDBase, o.Logf); err != nil {
+		return nil, err
+	}
+	key, err := createKey(ctx, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if e.Server, err = server.Start(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("bench: start server: %w", err)
+	}
+	e.Client = NewClient("http://"+e.Server.Addr(), key)
+	if err := e.WaitPool(ctx, 60*time.Second); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// prepareTemplates builds (or finds cached) the minimal template and names
+// the same rootfs ColdTemplate, before the server takes the directory's lock.
+func prepareTemplates(ctx context.Context, dir, fallback string, uidBase uint32, logf func(string, ...any)) (string, string, error) {
+	m, err := template.NewManager(dir, template.Options{UIDBase: uidBase, UIDCount: 65536, Logf: logf})
+	if errors.Is(err, template.ErrLocked) {
+		logf("bench: template dir %s is in use; building into %s", dir, fallback)
+		dir = fallback
+		m, err = template.NewManager(dir, template.Options{UIDBase: uidBase, UIDCount: 65536, Logf: logf, NoSync: true})
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("bench: templates: %w", err)
+	}
+	defer m.Close()
+	t, err := m.EnsureBuiltin(ctx, WarmTemplate, nil)
+	if err != nil {
+		return "", "", fmt.Errorf("bench: build template %s: %w", WarmTemplate, err)
+	}
+	if _, err := m.Build(ctx, template.BuildRequest{Name: ColdTemplate, Source: t.Source, Defaults: t.Defaults}, nil); err != nil {
+		return "", "", fmt.Errorf("bench: name template %s: %w", ColdTemplate, err)
+	}
+	return dir, t.RootfsDir, nil
+}
+
+func createKey(ctx context.Context, dataDir string) (string, error) {
+	if err := os.MkdirAll(dataDir, 0o711); err != nil {
+		return "", fmt.Errorf("bench: %w", err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(dataDir, "space.db"))
+	if err != nil {
+		return "", fmt.Errorf("bench: open store: %w", err)
+	}
+	defer st.Close()
+	_, key, err := auth.NewKeys(st, time.Now).Create(ctx, project, "bench")
+	if err != nil {
+		return "", fmt.Errorf("bench: create API key: %w", err)
+	}
+	return key, nil
+}
+
+// WaitPool waits until the warm pool is full (no-op without a pool).
+func (e *Env) WaitPool(ctx context.Context, timeout time.Duration) error {
+	if e.WarmPool <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for e.Server.Node().PoolSize(WarmTemplate) < e.WarmPool {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: warm pool has %d of %d sandboxes after %v", e.Server.Node().PoolSize(WarmTemplate), e.WarmPool, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Timing returns the driver's create breakdown of a running sandbox.
+func (e *Env) Timing(id string) (driver.Timing, error) {
+	sb, err := e.Server.Node().Sandbox(id)
+	if err != nil {
+		return driver.Timing{}, err
+	}
+	return sb.Timing(), nil
+}
+
+// MemoryCgroup is the v1 memory cgroup holding every sandbox of this run
+// ("" where there is none).
+func (e *Env) MemoryCgroup() string {
+	if d := e.scope.memoryDir(); d != "" {
+		return filepath.Join(d, "space")
+	}
+	return ""
+}
+
+// Dir is the run's temporary directory (removed by Close).
+func (e *Env) Dir() string { return e.dir }
+
+// Close deletes every sandbox of the run through the API, stops the server,
+// sweeps whatever the driver still finds in the run's directories and
+// cgroups, and removes the temporary directories.
+func (e *Env) Close(ctx context.Context) error {
+	var errs []error
+	if e.Client != nil {
+		ids, err := e.Client.List(ctx, "creating,running")
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list sandboxes: %w", err))
+		}
+		if len(ids) > 0 {
+			e.logf("bench: deleting %d remaining sandboxes", len(ids))
+		}
+		errs = append(errs, forEach(ctx, len(ids), 8, func(ctx context.Context, i int) error {
+			return e.Client.Delete(ctx, ids[i])
+		})...)
+		e.Client.Close()
+		e.Client = nil
+	}
+	if e.Server != nil {
+		if err := e.Server.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown: %w", err))
+		}
+		// Safety net: a server leaves running sandboxes alone on shutdown
+		// (they outlive it by design); this run owns everything in its dirs.
+		d, err := namespace.New(namespace.Options{
+			StateDir: filepath.Join(e.dir, "data", "sandboxes"), RunDir: filepath.Join(e.dir, "run"),
+			AgentPath: e.agentPath, Logf: e.logf,
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sweep: %w", err))
+		} else {
+			if err := d.Sweep(ctx, nil); err != nil {
+				errs = append(errs, fmt.Errorf("sweep: %w", err))
+			}
+			d.Cgroups().RemoveBase()
+		}
+		e.Server = nil
+	}
+	if err := e.scope.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	e.scope = nil
+	if e.dir != "" {
+		if err := os.RemoveAll(e.dir); err != nil {
+			errs = append(errs, err)
+		}
+		e.dir = ""
+	}
+	return errors.Join(errs...)
+}
+
+// forEach runs f(0..n-1) on up to conc goroutines and returns the errors.
+func forEach(ctx context.Context, n, conc int, f func(ctx context.Context, i int) error) []error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		next int
+		wg   sync.WaitGroup
+	)
+	if conc > n {
+		conc = n
+	}
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f(ctx, i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
