@@ -61,9 +61,9 @@ type Sandbox struct {
 	Node        string            `json:"node,omitempty"`
 	// Instance is the node's handle for the isolated instance (a warm-pool
 	// instance keeps the id it was created with).
-	Instance string `json:"instance,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
+	Instance  string    `json:"instance,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// ExpiresAt is when the server deletes the sandbox on its own; zero means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }

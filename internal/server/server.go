@@ -96,11 +96,11 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 	case "namespace":
 		return namespace.New(namespace.Options{
 			CgroupBase: cgroupBase(cfg.DataDir),
-			StateDir:  filepath.Join(cfg.DataDir, "sandboxes"),
-			RunDir:    cfg.RunDir,
-			AgentPath: cfg.AgentPath,
-			UIDBase:   cfg.UIDBase,
-			UIDCount:  65536,
+			StateDir:   filepath.Join(cfg.DataDir, "sandboxes"),
+			RunDir:     cfg.RunDir,
+			AgentPath:  cfg.AgentPath,
+			UIDBase:    cfg.UIDBase,
+			UIDCount:   65536,
 			DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 				CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 			Logf: logf,
