@@ -1,7 +1,120 @@
 package main
 
-import "fmt"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
+	"github.com/space-sandbox/space/internal/bench"
+)
+
+// runBench measures the namespace driver through the real HTTP API of an
+// in-process server (see docs/PERFORMANCE.md).
 func runBench(args []string) error {
-	return fmt.Errorf("space bench: not implemented yet")
+	cfg := bench.DefaultConfig()
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&cfg.N, "n", cfg.N, "sequential cold creates (and as many warm-pool creates); 0 skips both")
+	fs.IntVar(&cfg.Idle, "idle", cfg.Idle, fmt.Sprintf("idle sandboxes alive at once for the memory measurement (at most %d; 0 skips)", bench.MaxSandboxes))
+	fs.IntVar(&cfg.IdleConcurrency, "idle-concurrency", cfg.IdleConcurrency, "concurrent creates while filling the idle set")
+	fs.IntVar(&cfg.ExecRuns, "exec-runs", cfg.ExecRuns, "`true` round trips")
+	fs.Int64Var(&cfg.StdoutBytes, "stdout-bytes", cfg.StdoutBytes, "bytes per stdout throughput run")
+	fs.IntVar(&cfg.StdoutRuns, "stdout-runs", cfg.StdoutRuns, "stdout throughput runs (0 skips)")
+	fs.IntVar(&cfg.WarmPool, "warm-pool", cfg.WarmPool, "warm pool size (0 skips the warm measurement)")
+	fs.IntVar(&cfg.CrunRuns, "crun-runs", cfg.CrunRuns, "crun baseline runs (0 skips)")
+	fs.StringVar(&cfg.TemplateDir, "template-dir", bench.DefaultTemplateDir, "template cache reused between runs")
+	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
+	out := fs.String("out", "", "also write the JSON result to this file")
+	verbose := fs.Bool("v", false, "print the server's log to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
+	}
+	if cfg.N < 0 || cfg.Idle < 0 || cfg.ExecRuns < 0 || cfg.StdoutRuns < 0 || cfg.CrunRuns < 0 || cfg.WarmPool < 0 || cfg.StdoutBytes < 0 {
+		return errors.New("bench: counts must not be negative")
+	}
+	if cfg.Idle > bench.MaxSandboxes {
+		return fmt.Errorf("bench: --idle is at most %d", bench.MaxSandboxes)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			stop() // a second signal kills the process the usual way
+			fmt.Fprintln(os.Stderr, "space bench: interrupted; removing everything it created (interrupt again to abort)")
+		case <-done:
+		}
+	}()
+	start := time.Now()
+	cfg.Progress = func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	tail := &logTail{max: 40}
+	cfg.ServerLog = tail.logf
+	if *verbose {
+		cfg.ServerLog = func(format string, a ...any) {
+			fmt.Fprintf(os.Stderr, "server: "+format+"\n", a...)
+		}
+	}
+
+	res, runErr := bench.Run(ctx, cfg)
+	if res != nil {
+		raw, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if *out != "" {
+			if err := os.WriteFile(*out, append(raw, '\n'), 0o644); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+		}
+		if *asJSON {
+			fmt.Println(string(raw))
+		} else if err := bench.WriteText(os.Stdout, res); err != nil {
+			return err
+		}
+	}
+	if runErr != nil {
+		if lines := tail.lines(); len(lines) > 0 && !*verbose {
+			fmt.Fprintf(os.Stderr, "last server log lines:\n  %s\n", strings.Join(lines, "\n  "))
+		}
+		return fmt.Errorf("bench: %w", runErr)
+	}
+	return nil
+}
+
+// logTail keeps the last lines of the server's log for error reports.
+type logTail struct {
+	max int
+	mu  sync.Mutex
+	buf []string
+}
+
+func (t *logTail) logf(format string, a ...any) {
+	line := fmt.Sprintf(format, a...)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, line)
+	if len(t.buf) > t.max {
+		t.buf = t.buf[len(t.buf)-t.max:]
+	}
+}
+
+func (t *logTail) lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.buf...)
 }

@@ -519,7 +519,7 @@ func sandboxExec(args []string) error {
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return errors.New("usage: space sandbox exec [flags] ID [--] CMD ARGS...")
+		return errors.New("usage: space sandbox exec [flags] ID [--] CMD ARGS")
 	}
 	id := rest[0]
 	if err := fs.Parse(rest[1:]); err != nil {

@@ -62,7 +62,7 @@ func runServer(args []string) error {
 
 func runKeys(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR] ...")
+		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR] [flags]")
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")

@@ -378,11 +378,25 @@ func (s *Server) operationEvents(w http.ResponseWriter, r *http.Request, p auth.
 	if !ok {
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "Last-Event-ID must be a number")
 	}
+	// Without a resume position, start from now: read the position first,
+	// then the state, so no change can fall between the two.
+	if after == 0 {
+		latest, err := s.o.Broker.Latest(r.Context(), p.ProjectID)
+		if err != nil {
+			return err
+		}
+		if op, err = s.o.Store.GetOperation(r.Context(), p.ProjectID, id); err != nil {
+			return err
+		}
+		after = uint64(latest)
+	}
 	sse := httpx.StartSSE(w)
-	// The current state first, so a follower never waits for a change that
-	// already happened.
+	// The current state first, in the same envelope as later events, so a
+	// follower never waits for a change that already happened.
 	raw, _ := json.Marshal(op)
-	sse.Event("", "operation.updated", raw)
+	first, _ := json.Marshal(core.Event{Seq: int64(after), ProjectID: op.ProjectID, Type: "operation.updated",
+		SandboxID: sandboxOf(op), OperationID: op.ID, Data: raw, CreatedAt: op.UpdatedAt})
+	sse.Event(strconv.FormatUint(after, 10), "operation.updated", first)
 	if op.State.Done() {
 		return sse.Flush()
 	}
@@ -494,4 +508,11 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, p auth.Princi
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+func sandboxOf(op core.Operation) string {
+	if strings.HasPrefix(op.Kind, "sandbox.") {
+		return op.Target
+	}
+	return ""
 }

@@ -26,12 +26,12 @@ type Config struct {
 	WarmPool        int // warm pool size for WarmTemplate
 	CrunRuns        int // crun baseline runs
 
-	AgentPath   string // see EnvOptions
-	TemplateDir string
+	AgentPath   string `json:"-"` // see EnvOptions
+	TemplateDir string `json:"template_dir"`
 	// Progress receives one line per phase step (default: dropped).
-	Progress func(format string, args ...any)
+	Progress func(format string, args ...any) `json:"-"`
 	// ServerLog receives the server's log (default: dropped).
-	ServerLog func(format string, args ...any)
+	ServerLog func(format string, args ...any) `json:"-"`
 }
 
 // DefaultConfig is what `space bench` runs with no flags.
@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil {
 		errs = append(errs, ctx.Err())
 	}
-	res.Checks = checks(res, cfg)
+	res.Checks = checks(res)
 	res.Duration = time.Since(start).Round(time.Millisecond).Seconds()
 	return res, errors.Join(errs...)
 }

@@ -63,3 +63,8 @@ func (b *Broker) Changed(projectID string) <-chan struct{} {
 func (b *Broker) Since(ctx context.Context, projectID string, after int64, limit int) ([]Event, error) {
 	return b.store.EventsAfter(ctx, projectID, after, limit)
 }
+
+// Latest returns the project's newest event sequence number.
+func (b *Broker) Latest(ctx context.Context, projectID string) (int64, error) {
+	return b.store.LatestEventSeq(ctx, projectID)
+}

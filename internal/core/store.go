@@ -38,6 +38,8 @@ type Store interface {
 
 	// AppendEvent stores e and returns it with its sequence number set.
 	AppendEvent(ctx context.Context, e Event) (Event, error)
+	// LatestEventSeq returns the highest event sequence number of a project (0 if none).
+	LatestEventSeq(ctx context.Context, projectID string) (int64, error)
 	// EventsAfter returns up to limit events of a project with Seq > after.
 	EventsAfter(ctx context.Context, projectID string, after int64, limit int) ([]Event, error)
 

@@ -214,7 +214,8 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, body io.Reader) 
 		}
 		x.dirs[name] = dirMeta{mode: tarMode(hdr.Mode), uid: hdr.Uid, gid: hdr.Gid, mtime: hdr.ModTime}
 		return nil
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse, tar.TypeSymlink, tar.TypeLink:
+	// archive/tar reports the legacy TypeRegA as TypeReg.
+	case tar.TypeReg, tar.TypeGNUSparse, tar.TypeSymlink, tar.TypeLink:
 	default:
 		return fmt.Errorf("%w: %q has unsupported type %q", ErrUnsafeInput, hdr.Name, hdr.Typeflag)
 	}

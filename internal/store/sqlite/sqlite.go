@@ -487,3 +487,12 @@ func (s *Store) EventsAfter(ctx context.Context, projectID string, after int64, 
 	}
 	return out, rows.Err()
 }
+
+// LatestEventSeq returns the project's highest event sequence number.
+func (s *Store) LatestEventSeq(ctx context.Context, projectID string) (int64, error) {
+	var seq sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(seq) FROM events WHERE project_id=?`, projectID).Scan(&seq); err != nil {
+		return 0, fmt.Errorf("latest event: %w", err)
+	}
+	return seq.Int64, nil
+}

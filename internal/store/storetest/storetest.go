@@ -204,6 +204,12 @@ func testEvents(t *testing.T, s core.Store) {
 		last = e.Seq
 	}
 	s.AppendEvent(ctx, core.Event{ProjectID: "p2", Type: "x", Data: []byte(`{}`), CreatedAt: t0})
+	if seq, err := s.LatestEventSeq(ctx, "p1"); err != nil || seq != last {
+		t.Fatalf("latest p1 = %d, %v; want %d", seq, err, last)
+	}
+	if seq, err := s.LatestEventSeq(ctx, "nobody"); err != nil || seq != 0 {
+		t.Fatalf("latest of a project without events = %d, %v", seq, err)
+	}
 	evs, err := s.EventsAfter(ctx, "p1", 0, 10)
 	if err != nil || len(evs) != 3 {
 		t.Fatalf("events: %d %v", len(evs), err)

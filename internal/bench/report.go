@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Targets (from the performance issue).
+const (
+	TargetColdP50Ms     = 40.0
+	TargetWarmP50Ms     = 5.0
+	TargetExecP50Ms     = 3.0
+	TargetStdoutMBps    = 300.0
+	TargetIdleMiB       = 5.0
+	TargetIdleAlive     = 500
+	notMeasured         = "not measured"
+	checkStdoutSubtitle = "stdout throughput"
+)
+
+func checks(r *Result) []Check {
+	var out []Check
+	add := func(name, target, value string, pass bool) {
+		out = append(out, Check{Name: name, Target: target, Value: value, Pass: pass})
+	}
+	if r.Cold != nil {
+		add("cold create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetColdP50Ms), fmtMs(r.Cold.Create.P50), r.Cold.Create.P50 <= TargetColdP50Ms)
+	} else {
+		add("cold create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetColdP50Ms), notMeasured, false)
+	}
+	if r.Warm != nil {
+		add("warm create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetWarmP50Ms), fmtMs(r.Warm.Create.P50), r.Warm.Create.P50 <= TargetWarmP50Ms)
+	} else {
+		add("warm create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetWarmP50Ms), notMeasured, false)
+	}
+	if r.Exec != nil {
+		add("exec `true` round trip p50", fmt.Sprintf("≤ %.0f ms", TargetExecP50Ms), fmtMs(r.Exec.P50), r.Exec.P50 <= TargetExecP50Ms)
+	} else {
+		add("exec `true` round trip p50", fmt.Sprintf("≤ %.0f ms", TargetExecP50Ms), notMeasured, false)
+	}
+	if r.Stdout != nil {
+		add(checkStdoutSubtitle, fmt.Sprintf("≥ %.0f MB/s", TargetStdoutMBps), fmt.Sprintf("%.0f MB/s", r.Stdout.Median), r.Stdout.Median >= TargetStdoutMBps)
+	} else {
+		add(checkStdoutSubtitle, fmt.Sprintf("≥ %.0f MB/s", TargetStdoutMBps), notMeasured, false)
+	}
+	if r.Idle != nil && r.Idle.Created > 0 {
+		add("memory per idle sandbox", fmt.Sprintf("≤ %.0f MiB", TargetIdleMiB), fmt.Sprintf("%.2f MiB", r.Idle.PerSandboxMiB), r.Idle.PerSandboxMiB <= TargetIdleMiB)
+		add("idle sandboxes alive at once", fmt.Sprintf("%d", TargetIdleAlive), fmt.Sprintf("%d of %d", r.Idle.Alive, r.Idle.Wanted), r.Idle.Alive >= TargetIdleAlive)
+	} else {
+		add("memory per idle sandbox", fmt.Sprintf("≤ %.0f MiB", TargetIdleMiB), notMeasured, false)
+		add("idle sandboxes alive at once", fmt.Sprintf("%d", TargetIdleAlive), notMeasured, false)
+	}
+	return out
+}
+
+func fmtMs(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f ms", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f ms", v)
+	}
+	return fmt.Sprintf("%.2f ms", v)
+}
+
+func passMiss(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}
+
+// WriteText prints the human report.
+func WriteText(w io.Writer, r *Result) error {
+	var b strings.Builder
+	m := r.Machine
+	fmt.Fprintf(&b, "SPACE bench — %s driver — %s\n", r.Driver, r.Date.Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s\n\n",
+		m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal, m.Cgroups, m.Go)
+	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "latency (ms)\tn\tp50\tp95\tp99\tmax\t")
+	row := func(name string, s Summary) {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, s.N, s.P50, s.P95, s.P99, s.Max)
+	}
+	if c := r.Cold; c != nil {
+		row("cold create→ready (POST → op succeeded)", c.Create)
+		row("first exec after create", c.FirstExec)
+		row("delete (DELETE → op succeeded)", c.Delete)
+		row("create→exec→delete cycle", c.Cycle)
+	}
+	if r.Warm != nil {
+		row(fmt.Sprintf("warm create→ready (pool %d)", r.Warm.Pool), r.Warm.Create)
+	}
+	if r.Exec != nil {
+		row("exec `/bin/true` round trip (POST + SSE to exit)", *r.Exec)
+	}
+	if c := r.Crun; c != nil && c.Skipped == "" {
+		row("baseline: crun run /bin/true", c.Run)
+	}
+	tw.Flush()
+	if c := r.Cold; c != nil {
+		bd := c.Breakdown
+		fmt.Fprintf(&b, "\ncold create breakdown (driver, p50 ms): namespaces %.2f, overlay %.2f, cgroups %.2f, network %.2f, agent ready %.2f (since clone, includes the steps before it), driver total %.2f; API/store/agent-config overhead ≈ %.2f\n",
+			bd.Namespaces, bd.Overlay, bd.Cgroups, bd.Network, bd.AgentReady, bd.Total, c.Create.P50-bd.Total)
+	}
+	if r.Warm != nil {
+		fmt.Fprintf(&b, "warm pool: %s\n", r.Warm.Mode)
+	}
+	if s := r.Stdout; s != nil {
+		fmt.Fprintf(&b, "stdout: %q, %d MiB per run, decoded by the client: %v MB/s (median %.0f MB/s, MB = 10^6 bytes)\n",
+			strings.Join(s.Argv, " "), s.Bytes>>20, s.MBps, s.Median)
+	}
+	if i := r.Idle; i != nil {
+		fmt.Fprintf(&b, "idle: %d created (%.1f s), %d answered a command; MemAvailable %d → %d KiB = %.2f MiB per sandbox (sandbox cgroups %.2f MiB, server RSS %.2f MiB of it); deleted in %.1f s\n",
+			i.Created, i.CreateSeconds, i.Alive, i.MemAvailBefore, i.MemAvailAfter, i.PerSandboxMiB, i.CgroupPerMiB, i.ServerRSSPerMiB, i.DeleteSeconds)
+	}
+	if c := r.Crun; c != nil {
+		if c.Skipped != "" {
+			fmt.Fprintf(&b, "baseline: %s\n", c.Skipped)
+		} else {
+			fmt.Fprintf(&b, "baseline: %s, cgroups %s; same rootfs read-only, namespaces pid,net,ipc,uts,mount (no user namespace)\n", c.Version, c.Cgroups)
+			if c.Notes != "" {
+				fmt.Fprintf(&b, "baseline note: %s\n", c.Notes)
+			}
+		}
+	}
+	fmt.Fprintln(&b, "\ntargets:")
+	tw = tabwriter.NewWriter(&b, 2, 8, 2, ' ', 0)
+	for _, c := range r.Checks {
+		fmt.Fprintf(tw, "  %s\t%s\ttarget %s\t%s\n", c.Name, c.Value, c.Target, passMiss(c.Pass))
+	}
+	tw.Flush()
+	for _, e := range r.Errors {
+		fmt.Fprintf(&b, "error: %s\n", e)
+	}
+	fmt.Fprintf(&b, "took %.0f s\n", r.Duration)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
