@@ -88,6 +88,9 @@ func runBench(args []string) error {
 		}
 	}
 	if runErr != nil {
+		if ctx.Err() != nil {
+			return errors.New("bench: interrupted")
+		}
 		if lines := tail.lines(); len(lines) > 0 && !*verbose {
 			fmt.Fprintf(os.Stderr, "last server log lines:\n  %s\n", strings.Join(lines, "\n  "))
 		}

@@ -17,14 +17,14 @@ import (
 
 // Config says what Run measures. Zero counts skip a phase.
 type Config struct {
-	N               int   // sequential cold creates, and as many warm creates
-	Idle            int   // sandboxes alive at once for the memory measurement
-	IdleConcurrency int   // concurrent creates while filling the idle set
-	ExecRuns        int   // `true` round trips
-	StdoutBytes     int64 // bytes per stdout run
-	StdoutRuns      int
-	WarmPool        int // warm pool size for WarmTemplate
-	CrunRuns        int // crun baseline runs
+	N               int   `json:"n"`                // sequential cold creates, and as many warm creates
+	Idle            int   `json:"idle"`             // sandboxes alive at once for the memory measurement
+	IdleConcurrency int   `json:"idle_concurrency"` // concurrent creates while filling the idle set
+	ExecRuns        int   `json:"exec_runs"`        // `true` round trips
+	StdoutBytes     int64 `json:"stdout_bytes"`     // bytes per stdout run
+	StdoutRuns      int   `json:"stdout_runs"`
+	WarmPool        int   `json:"warm_pool"` // warm pool size for WarmTemplate
+	CrunRuns        int   `json:"crun_runs"` // crun baseline runs
 
 	AgentPath   string `json:"-"` // see EnvOptions
 	TemplateDir string `json:"template_dir"`
@@ -52,6 +52,7 @@ type Machine struct {
 	MemTotal string `json:"mem_total"`
 	Cgroups  string `json:"cgroups"`
 	Go       string `json:"go"`
+	LoadAvg  string `json:"loadavg_at_start"` // other work on the host skews the numbers
 }
 
 // Breakdown is the driver's create timing, p50 of each step in ms.
@@ -67,6 +68,7 @@ type Breakdown struct {
 // ColdResult is the sequential create→exec→delete loop without a pool.
 type ColdResult struct {
 	Create    Summary   `json:"create"`
+	ServerOp  Summary   `json:"create_operation_server_side"`
 	Breakdown Breakdown `json:"breakdown"`
 	FirstExec Summary   `json:"first_exec"`
 	Delete    Summary   `json:"delete"`
@@ -75,9 +77,10 @@ type ColdResult struct {
 
 // WarmResult is sequential creates claiming warm sandboxes.
 type WarmResult struct {
-	Pool   int     `json:"pool"`
-	Mode   string  `json:"mode"`
-	Create Summary `json:"create"`
+	Pool     int     `json:"pool"`
+	Mode     string  `json:"mode"`
+	Create   Summary `json:"create"`
+	ServerOp Summary `json:"create_operation_server_side"`
 }
 
 // StdoutResult is output streamed over SSE and decoded by the client.
@@ -86,7 +89,34 @@ type StdoutResult struct {
 	Argv   []string  `json:"argv"`
 	MBps   []float64 `json:"mb_per_s"` // decimal MB (1e6 bytes) per second, per run
 	Median float64   `json:"median_mb_per_s"`
+	// The two halves of the path, measured apart on one more run: the
+	// command writing into the node's output log with no client reading
+	// (polled for its exit), then the finished log replayed to the client
+	// over SSE.
+	ProduceMBps float64 `json:"produce_to_node_log_mb_per_s"`
+	ReplayMBps  float64 `json:"replay_log_to_client_mb_per_s"`
+	AvgEvent    int64   `json:"avg_event_bytes"` // decoded bytes per stdout event
+	CPU         CPUUse  `json:"cpu_per_run"`     // averaged over the runs
+	// The same bytes written 1 MiB at a time (busybox head writes 4 KiB at
+	// a time, which makes many small events): dd's rate and event size.
+	LargeWritesArgv     []string `json:"large_writes_argv"`
+	LargeWritesMBps     float64  `json:"large_writes_mb_per_s"`
+	LargeWritesAvgEvent int64    `json:"large_writes_avg_event_bytes"`
+	LargeWritesCPU      CPUUse   `json:"large_writes_cpu"`
 }
+
+// CPUUse is the CPU time spent while a command ran: the command itself (the
+// agent's waited-for children), the sandbox's agent, and this process
+// (server and client together), next to the wall time.
+type CPUUse struct {
+	Command float64 `json:"command_s"`
+	Agent   float64 `json:"agent_s"`
+	Host    float64 `json:"server_and_client_s"`
+	Wall    float64 `json:"wall_s"`
+}
+
+// Total is all CPU seconds.
+func (c CPUUse) Total() float64 { return c.Command + c.Agent + c.Host }
 
 // IdleResult is the memory cost of idle sandboxes.
 type IdleResult struct {
@@ -96,11 +126,21 @@ type IdleResult struct {
 	MemAvailBefore  int64   `json:"mem_available_before_kib"`
 	MemAvailAfter   int64   `json:"mem_available_after_kib"`
 	PerSandboxMiB   float64 `json:"per_sandbox_mib"`
-	CgroupPerMiB    float64 `json:"cgroup_per_sandbox_mib"`     // memory.usage_in_bytes of the sandboxes' cgroups
-	ServerRSSPerMiB float64 `json:"server_rss_per_sandbox_mib"` // growth of this process's RSS
+	CgroupPerMiB    float64 `json:"cgroup_per_sandbox_mib"`        // memory.usage_in_bytes of the sandboxes' cgroups
+	ParentPerMiB    float64 `json:"server_cgroup_per_sandbox_mib"` // charged to the server's own cgroup instead
+	ServerRSSPerMiB float64 `json:"server_rss_per_sandbox_mib"`    // growth of this process's RSS
 	CreateSeconds   float64 `json:"create_s"`
 	DeleteSeconds   float64 `json:"delete_s"`
+	// Where the memory went: /proc/meminfo deltas per sandbox (KiB), and
+	// the agents (PID 1) of up to 20 sandboxes, averaged.
+	MeminfoKiB   map[string]float64 `json:"meminfo_delta_kib_per_sandbox"`
+	AgentRSSKiB  int64              `json:"agent_rss_kib"`
+	AgentPSSKiB  int64              `json:"agent_pss_kib"`
+	AgentThreads float64            `json:"agent_threads"`
 }
+
+// meminfoKeys are the /proc/meminfo fields the idle breakdown reports.
+var meminfoKeys = []string{"AnonPages", "Shmem", "Cached", "Slab", "SUnreclaim", "KernelStack", "PageTables"}
 
 // CrunResult is the crun baseline.
 type CrunResult struct {
@@ -208,7 +248,7 @@ func exec1(ctx context.Context, env *Env, sb Sandbox, argv []string) (ExecResult
 var trueArgv = []string{"/bin/true"}
 
 func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
-	var create, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tTotal []time.Duration
+	var create, serverOp, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tTotal []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		sb, err := env.Client.Create(ctx, ColdTemplate)
@@ -228,19 +268,20 @@ func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
 			return nil, fmt.Errorf("delete: %w", err)
 		}
 		t3 := time.Now()
+		serverOp = append(serverOp, sb.CreateOp)
 		create, first, del, cycle = append(create, t1.Sub(t0)), append(first, t2.Sub(t1)), append(del, t3.Sub(t2)), append(cycle, t3.Sub(t0))
 		tNS, tOv, tCg = append(tNS, tm.Namespaces), append(tOv, tm.Overlay), append(tCg, tm.Cgroups)
 		tNet, tReady, tTotal = append(tNet, tm.Network), append(tReady, tm.AgentReady), append(tTotal, tm.Total)
 	}
 	return &ColdResult{
-		Create: Summarize(create), FirstExec: Summarize(first), Delete: Summarize(del), Cycle: Summarize(cycle),
+		Create: Summarize(create), ServerOp: Summarize(serverOp), FirstExec: Summarize(first), Delete: Summarize(del), Cycle: Summarize(cycle),
 		Breakdown: Breakdown{Namespaces: P50(tNS), Overlay: P50(tOv), Cgroups: P50(tCg), Network: P50(tNet),
 			AgentReady: P50(tReady), Total: P50(tTotal)},
 	}, nil
 }
 
 func runWarm(ctx context.Context, env *Env, n int) (*WarmResult, error) {
-	var create []time.Duration
+	var create, serverOp []time.Duration
 	for i := 0; i < n; i++ {
 		if err := env.WaitPool(ctx, 60*time.Second); err != nil {
 			return nil, err
@@ -251,12 +292,12 @@ func runWarm(ctx context.Context, env *Env, n int) (*WarmResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("create %d: %w", i, err)
 		}
-		create = append(create, d)
+		create, serverOp = append(create, d), append(serverOp, sb.CreateOp)
 		if err := env.Client.Delete(ctx, sb.ID); err != nil {
 			return nil, fmt.Errorf("delete: %w", err)
 		}
 	}
-	return &WarmResult{Pool: env.WarmPool, Create: Summarize(create),
+	return &WarmResult{Pool: env.WarmPool, Create: Summarize(create), ServerOp: Summarize(serverOp),
 		Mode: fmt.Sprintf("sequential; the pool of %d was refilled to full before each create (a rate the pool sustains)", env.WarmPool)}, nil
 }
 
@@ -292,20 +333,71 @@ func runExec(ctx context.Context, env *Env, cfg Config) (_ *Summary, _ *StdoutRe
 		return execSum, nil, nil
 	}
 	out := &StdoutResult{Bytes: cfg.StdoutBytes, Argv: []string{"head", "-c", strconv.FormatInt(cfg.StdoutBytes, 10), "/dev/zero"}}
-	for i := 0; i < cfg.StdoutRuns; i++ {
+	pid := env.AgentPID(sb.ID)
+	// stream runs argv, checks its output and returns MB/s, bytes per
+	// event and the CPU it took.
+	stream := func(argv []string) (float64, int64, CPUUse, error) {
+		a0, c0 := procCPU(pid)
+		h0 := selfCPU()
 		t0 := time.Now()
-		r, err := exec1(ctx, env, sb, out.Argv)
+		r, err := exec1(ctx, env, sb, argv)
 		d := time.Since(t0)
+		a1, c1 := procCPU(pid)
+		use := CPUUse{Command: c1 - c0, Agent: a1 - a0, Host: selfCPU() - h0, Wall: d.Seconds()}
+		if err != nil {
+			return 0, 0, use, err
+		}
+		if r.Stdout != cfg.StdoutBytes {
+			return 0, 0, use, fmt.Errorf("stdout: got %d bytes, want %d", r.Stdout, cfg.StdoutBytes)
+		}
+		return round1(float64(r.Stdout) / 1e6 / d.Seconds()), r.Stdout / int64(max(r.Events, 1)), use, nil
+	}
+	for i := 0; i < cfg.StdoutRuns; i++ {
+		mbps, avg, use, err := stream(out.Argv)
 		if err != nil {
 			return execSum, nil, err
 		}
-		if r.Stdout != cfg.StdoutBytes {
-			return execSum, nil, fmt.Errorf("stdout: got %d bytes, want %d", r.Stdout, cfg.StdoutBytes)
-		}
-		out.MBps = append(out.MBps, round1(float64(r.Stdout)/1e6/d.Seconds()))
+		out.MBps = append(out.MBps, mbps)
+		out.AvgEvent = avg
+		n := float64(cfg.StdoutRuns)
+		out.CPU.Command += use.Command / n
+		out.CPU.Agent += use.Agent / n
+		out.CPU.Host += use.Host / n
+		out.CPU.Wall += use.Wall / n
 	}
+	out.CPU = roundCPU(out.CPU)
 	out.Median = medianFloat(out.MBps)
+	// The halves apart: no reader while the command runs, then a replay.
+	t0 := time.Now()
+	cid, err := env.Client.StartCommand(ctx, sb, out.Argv)
+	if err != nil {
+		return execSum, out, err
+	}
+	if err := env.Client.WaitCommand(ctx, sb, cid, 2*time.Millisecond); err != nil {
+		return execSum, out, err
+	}
+	out.ProduceMBps = round1(float64(cfg.StdoutBytes) / 1e6 / time.Since(t0).Seconds())
+	t0 = time.Now()
+	r, err := env.Client.Follow(ctx, sb, cid, nil)
+	if err != nil {
+		return execSum, out, err
+	}
+	if r.Stdout != cfg.StdoutBytes {
+		return execSum, out, fmt.Errorf("stdout replay: got %d bytes, want %d", r.Stdout, cfg.StdoutBytes)
+	}
+	out.ReplayMBps = round1(float64(r.Stdout) / 1e6 / time.Since(t0).Seconds())
+	if cfg.StdoutBytes%(1<<20) == 0 {
+		out.LargeWritesArgv = []string{"dd", "if=/dev/zero", "bs=1048576", "count=" + strconv.FormatInt(cfg.StdoutBytes>>20, 10)}
+		if out.LargeWritesMBps, out.LargeWritesAvgEvent, out.LargeWritesCPU, err = stream(out.LargeWritesArgv); err != nil {
+			return execSum, out, err
+		}
+		out.LargeWritesCPU = roundCPU(out.LargeWritesCPU)
+	}
 	return execSum, out, nil
+}
+
+func roundCPU(c CPUUse) CPUUse {
+	return CPUUse{Command: round2(c.Command), Agent: round2(c.Agent), Host: round2(c.Host), Wall: round2(c.Wall)}
 }
 
 func round1(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
@@ -315,10 +407,10 @@ func runIdle(ctx context.Context, env *Env, n, conc int, progress func(string, .
 		conc = 1
 	}
 	res := &IdleResult{Wanted: n}
-	memCg := env.MemoryCgroup()
 	settle(time.Second)
 	res.MemAvailBefore = memAvailable()
-	cgBefore := cgroupUsage(memCg)
+	miBefore := meminfoAll()
+	cgBefore, scopeBefore := env.SandboxMemory(), env.ScopeMemory()
 	rssBefore := selfRSS()
 
 	var (
@@ -343,14 +435,44 @@ func runIdle(ctx context.Context, env *Env, n, conc int, progress func(string, .
 	res.Created = len(sbs)
 	settle(2 * time.Second)
 	res.MemAvailAfter = memAvailable()
-	cgAfter := cgroupUsage(memCg)
+	miAfter := meminfoAll()
+	cgAfter, scopeAfter := env.SandboxMemory(), env.ScopeMemory()
 	rssAfter := selfRSS()
 	if c := float64(res.Created); c > 0 {
 		res.PerSandboxMiB = round2(float64(res.MemAvailBefore-res.MemAvailAfter) / 1024 / c)
 		if cgBefore >= 0 && cgAfter >= 0 {
 			res.CgroupPerMiB = round2(float64(cgAfter-cgBefore) / (1 << 20) / c)
+			if scopeBefore >= 0 && scopeAfter >= 0 {
+				res.ParentPerMiB = round2(float64((scopeAfter-scopeBefore)-(cgAfter-cgBefore)) / (1 << 20) / c)
+			}
 		}
 		res.ServerRSSPerMiB = round2(float64(rssAfter-rssBefore) / 1024 / c)
+		res.MeminfoKiB = map[string]float64{}
+		for _, k := range meminfoKeys {
+			res.MeminfoKiB[k] = round1(float64(miAfter[k]-miBefore[k]) / c)
+		}
+	}
+	var sampled int64
+	for _, sb := range sbs[:min(20, len(sbs))] {
+		pid := env.AgentPID(sb.ID)
+		if pid <= 0 {
+			continue
+		}
+		rollup := "/proc/" + strconv.Itoa(pid) + "/smaps_rollup"
+		rss, pss := kibField(rollup, "Rss:"), kibField(rollup, "Pss:")
+		threads := kibField("/proc/"+strconv.Itoa(pid)+"/status", "Threads:")
+		if rss < 0 || pss < 0 || threads < 0 {
+			continue
+		}
+		res.AgentRSSKiB += rss
+		res.AgentPSSKiB += pss
+		res.AgentThreads += float64(threads)
+		sampled++
+	}
+	if sampled > 0 {
+		res.AgentRSSKiB /= sampled
+		res.AgentPSSKiB /= sampled
+		res.AgentThreads = round1(res.AgentThreads / float64(sampled))
 	}
 	var aliveN int
 	forEach(ctx, len(sbs), 8, func(ctx context.Context, i int) error {
@@ -379,6 +501,15 @@ func runIdle(ctx context.Context, env *Env, n, conc int, progress func(string, .
 	return res, ctx.Err()
 }
 
+// selfCPU is this process's user+system CPU seconds.
+func selfCPU() float64 {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
 func round2(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }
 
 // settle returns freed Go heap to the OS and lets the kernel catch up, so
@@ -397,6 +528,27 @@ func memAvailable() int64 {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return int64(medianFloat(xs))
+}
+
+// meminfoAll reads every kB field of /proc/meminfo.
+func meminfoAll() map[string]int64 {
+	out := map[string]int64{}
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		if f := strings.Fields(rest); len(f) > 0 {
+			if v, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				out[k] = v
+			}
+		}
+	}
+	return out
 }
 
 func meminfo(key string) int64 {
@@ -464,6 +616,11 @@ func describeMachine() Machine {
 	}
 	if kib := meminfo("MemTotal:"); kib > 0 {
 		m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kib)/(1<<20))
+	}
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(data)); len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
 	}
 	m.Cgroups = describeCgroups()
 	if _, err := os.Stat("/dev/kvm"); err != nil {

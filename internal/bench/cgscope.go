@@ -8,20 +8,21 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
-// The namespace driver puts sandbox cgroups in <the node's own cgroup>/space/
-// and a node sweeps every group it finds there when it starts. On a shared
-// host every server started from the same cgroup shares that directory, so a
-// benchmark's fresh server would kill the sandboxes of any other server on
-// the machine (and a restart of theirs would kill ours). A cgroupScope moves
-// this process into a cgroup of its own first, so the driver's groups land in
-// <own>/<scope>/space/ and nobody else's are in sight.
-
+// The namespace driver puts sandbox cgroups in <the node's own cgroup>/<base>/
+// and a node sweeps every group it finds below its base when it starts. A
+// benchmark run first moves this process into a cgroup of its own (a
+// "scope"), so that whatever base the server picks, the run's groups are
+// private to it: nothing another server on the host does can touch them and
+// the run cannot touch anyone else's, its cleanup can sweep everything below
+// the scope, and the idle-memory measurement can read exactly what the run's
+// sandboxes are charged.
 // scopeControllers are the v1 hierarchies the driver uses (plus cgroup v2).
 var scopeControllers = []string{"memory", "cpu", "pids", "freezer"}
 
@@ -63,7 +64,7 @@ func parseCgroupMounts(mountinfo []byte) []cgMount {
 			m.v2 = true
 		case "cgroup":
 			for _, o := range strings.Split(super, ",") {
-				if o != "rw" && o != "ro" && !strings.Contains(o, "=") || strings.HasPrefix(o, "name=") {
+				if (o != "rw" && o != "ro" && !strings.Contains(o, "=")) || strings.HasPrefix(o, "name=") {
 					m.ctls = append(m.ctls, o)
 				}
 			}
@@ -268,4 +269,24 @@ func (s *cgroupScope) memoryDir() string {
 		}
 	}
 	return ""
+}
+
+// bases lists the dirs below the scope (the driver's cgroup base dirs).
+func (s *cgroupScope) bases() []string {
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for _, p := range s.dirs {
+		ents, err := os.ReadDir(p.dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if e.IsDir() && !slices.Contains(out, e.Name()) {
+				out = append(out, e.Name())
+			}
+		}
+	}
+	return out
 }

@@ -46,6 +46,10 @@ type Sandbox struct {
 	ID      string
 	Token   string
 	DataURL string
+	// CreateOp is how long the server's create operation took by its own
+	// clock (updated_at − created_at): the client's latency minus HTTP,
+	// request handling before the operation exists, and the long-poll.
+	CreateOp time.Duration
 }
 
 // APIError is an error answer of the server.
@@ -60,9 +64,11 @@ func (e *APIError) Error() string {
 }
 
 type operation struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
-	Error *struct {
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Error     *struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
@@ -127,15 +133,15 @@ func (c *Client) do(ctx context.Context, method, u, auth string, body any, want 
 	return nil
 }
 
-// waitOp long-polls an operation until it is done and returns its error.
-func (c *Client) waitOp(ctx context.Context, id string) error {
+// waitOp long-polls an operation until it is done and returns it.
+func (c *Client) waitOp(ctx context.Context, id string) (operation, error) {
 	for {
 		var op operation
 		if err := c.do(ctx, http.MethodGet, c.base+"/v1/operations/"+url.PathEscape(id)+"?wait=30s", c.key, nil, http.StatusOK, &op); err != nil {
-			return err
+			return op, err
 		}
 		if op.done() {
-			return op.err()
+			return op, op.err()
 		}
 	}
 }
@@ -166,11 +172,13 @@ func (c *Client) StartCreate(ctx context.Context, template string) (Sandbox, str
 // Create creates a sandbox and waits until its create operation succeeded.
 // On failure the returned Sandbox still names the sandbox if one was made.
 func (c *Client) Create(ctx context.Context, template string) (Sandbox, error) {
-	sb, op, err := c.StartCreate(ctx, template)
+	sb, id, err := c.StartCreate(ctx, template)
 	if err != nil {
 		return sb, err
 	}
-	return sb, c.waitOp(ctx, op)
+	op, err := c.waitOp(ctx, id)
+	sb.CreateOp = op.UpdatedAt.Sub(op.CreatedAt)
+	return sb, err
 }
 
 // Delete deletes a sandbox and waits until the delete operation succeeded.
@@ -181,7 +189,8 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	if err := c.do(ctx, http.MethodDelete, c.base+"/v1/sandboxes/"+url.PathEscape(id), c.key, nil, http.StatusAccepted, &ans); err != nil {
 		return err
 	}
-	return c.waitOp(ctx, ans.Operation.ID)
+	_, err := c.waitOp(ctx, ans.Operation.ID)
+	return err
 }
 
 // List returns the ids of the project's sandboxes in the given states
@@ -217,6 +226,7 @@ func (c *Client) List(ctx context.Context, states string) ([]string, error) {
 type ExecResult struct {
 	ExitCode int
 	Stdout   int64 // decoded stdout bytes
+	Events   int   // stdout events
 	Stderr   []byte
 }
 
@@ -224,17 +234,55 @@ type ExecResult struct {
 // follow its SSE stream to the exit event, decoding base64 output. onStdout,
 // if set, sees each decoded chunk (valid only during the call).
 func (c *Client) Exec(ctx context.Context, sb Sandbox, argv []string, onStdout func([]byte)) (ExecResult, error) {
+	cid, err := c.StartCommand(ctx, sb, argv)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	return c.Follow(ctx, sb, cid, onStdout)
+}
+
+func commandsURL(sb Sandbox) string {
+	return sb.DataURL + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/commands"
+}
+
+// StartCommand starts argv and returns the command id.
+func (c *Client) StartCommand(ctx context.Context, sb Sandbox, argv []string) (string, error) {
 	var cmd struct {
 		ID string `json:"id"`
 	}
-	base := sb.DataURL + "/v1/sandboxes/" + url.PathEscape(sb.ID) + "/commands"
-	if err := c.do(ctx, http.MethodPost, base, sb.Token, map[string]any{"argv": argv}, http.StatusCreated, &cmd); err != nil {
-		return ExecResult{}, err
+	if err := c.do(ctx, http.MethodPost, commandsURL(sb), sb.Token, map[string]any{"argv": argv}, http.StatusCreated, &cmd); err != nil {
+		return "", err
 	}
 	if cmd.ID == "" {
-		return ExecResult{}, errors.New("command answer lacks an id")
+		return "", errors.New("command answer lacks an id")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/"+url.PathEscape(cmd.ID)+"/events", nil)
+	return cmd.ID, nil
+}
+
+// WaitCommand polls a command every interval until it is no longer running
+// (without reading its output).
+func (c *Client) WaitCommand(ctx context.Context, sb Sandbox, cid string, interval time.Duration) error {
+	for {
+		var v struct {
+			Running bool `json:"running"`
+		}
+		if err := c.do(ctx, http.MethodGet, commandsURL(sb)+"/"+url.PathEscape(cid), sb.Token, nil, http.StatusOK, &v); err != nil {
+			return err
+		}
+		if !v.Running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+// Follow reads a command's SSE stream from the start to its exit event.
+func (c *Client) Follow(ctx context.Context, sb Sandbox, cid string, onStdout func([]byte)) (ExecResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, commandsURL(sb)+"/"+url.PathEscape(cid)+"/events", nil)
 	if err != nil {
 		return ExecResult{}, fmt.Errorf("build request: %w", err)
 	}
@@ -308,6 +356,7 @@ func readCommandEvents(r io.Reader, onStdout func([]byte)) (ExecResult, error) {
 				}
 				if event == "stdout" {
 					res.Stdout += int64(n)
+					res.Events++
 					if onStdout != nil {
 						onStdout(decoded[:n])
 					}

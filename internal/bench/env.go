@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,7 +61,8 @@ type Env struct {
 }
 
 // Start starts a server on fresh temporary directories and random loopback
-// ports. The caller must Close it, also on error paths.
+// ports. It moves the process into a cgroup of its own until Close, so a
+// process runs one Env at a time. The caller must Close it.
 func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("bench: the namespace driver needs root: %w", driver.ErrUnsupported)
@@ -191,14 +194,32 @@ func (e *Env) Timing(id string) (driver.Timing, error) {
 	return sb.Timing(), nil
 }
 
-// MemoryCgroup is the v1 memory cgroup holding every sandbox of this run
-// ("" where there is none).
-func (e *Env) MemoryCgroup() string {
-	if d := e.scope.memoryDir(); d != "" {
-		return filepath.Join(d, "space")
+// SandboxMemory is the memory charged to the run's sandbox cgroups
+// (memory.usage_in_bytes of the driver's base dirs in the v1 memory
+// hierarchy), or -1 where there is no such hierarchy.
+func (e *Env) SandboxMemory() int64 {
+	dir := e.scope.memoryDir()
+	if dir == "" {
+		return -1
 	}
-	return ""
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return -1
+	}
+	var sum int64
+	for _, ent := range ents {
+		if ent.IsDir() {
+			if v := cgroupUsage(filepath.Join(dir, ent.Name())); v > 0 {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
+
+// ScopeMemory is memory.usage_in_bytes of the run's whole cgroup scope
+// (this process and, hierarchically, every sandbox), or -1.
+func (e *Env) ScopeMemory() int64 { return cgroupUsage(e.scope.memoryDir()) }
 
 // Dir is the run's temporary directory (removed by Close).
 func (e *Env) Dir() string { return e.dir }
@@ -227,14 +248,18 @@ func (e *Env) Close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("shutdown: %w", err))
 		}
 		// Safety net: a server leaves running sandboxes alone on shutdown
-		// (they outlive it by design); this run owns everything in its dirs.
-		d, err := namespace.New(namespace.Options{
-			StateDir: filepath.Join(e.dir, "data", "sandboxes"), RunDir: filepath.Join(e.dir, "run"),
-			AgentPath: e.agentPath, Logf: e.logf,
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sweep: %w", err))
-		} else {
+		// (they outlive it by design). Everything in this run's dirs and
+		// cgroup scope is ours: sweep it with the driver, whatever base dir
+		// the server chose below the scope.
+		for _, base := range e.scope.bases() {
+			d, err := namespace.New(namespace.Options{
+				StateDir: filepath.Join(e.dir, "data", "sandboxes"), RunDir: filepath.Join(e.dir, "run"),
+				AgentPath: e.agentPath, CgroupBase: base, Logf: e.logf,
+			})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("sweep: %w", err))
+				continue
+			}
 			if err := d.Sweep(ctx, nil); err != nil {
 				errs = append(errs, fmt.Errorf("sweep: %w", err))
 			}
@@ -288,4 +313,65 @@ func forEach(ctx context.Context, n, conc int, f func(ctx context.Context, i int
 	}
 	wg.Wait()
 	return errs
+}
+
+// AgentPID returns the host pid of a sandbox's PID 1 (its agent), found
+// in the sandbox's cgroup below the run's scope; 0 if not found. id is the
+// driver's instance id (the sandbox id for sandboxes not from the pool).
+func (e *Env) AgentPID(id string) int {
+	for _, p := range e.scope.dirs {
+		for _, base := range e.scope.bases() {
+			data, err := os.ReadFile(filepath.Join(p.dir, base, id, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(data)) {
+				pid, err := strconv.Atoi(f)
+				if err == nil && nsPID(pid) == 1 {
+					return pid
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// nsPID is a process's pid in its own (innermost) pid namespace.
+func nsPID(pid int) int {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				n, _ := strconv.Atoi(f[len(f)-1])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// procCPU returns a process's own CPU seconds and those of its waited-for
+// children (a sandbox's commands are children of its agent).
+func procCPU(pid int) (self, children float64) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 15 {
+		return 0, 0
+	}
+	tick := func(s string) float64 {
+		v, _ := strconv.ParseFloat(s, 64)
+		return v / 100 // USER_HZ
+	}
+	return tick(f[11]) + tick(f[12]), tick(f[13]) + tick(f[14])
 }

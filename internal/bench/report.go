@@ -64,6 +64,11 @@ func fmtMs(v float64) string {
 	return fmt.Sprintf("%.2f ms", v)
 }
 
+func fmtCPU(c CPUUse) string {
+	return fmt.Sprintf("command %.2f s, sandbox agent %.2f s, server+client %.2f s = %.2f CPU-s in %.2f s wall",
+		c.Command, c.Agent, c.Host, c.Total(), c.Wall)
+}
+
 func passMiss(ok bool) string {
 	if ok {
 		return "PASS"
@@ -76,8 +81,8 @@ func WriteText(w io.Writer, r *Result) error {
 	var b strings.Builder
 	m := r.Machine
 	fmt.Fprintf(&b, "SPACE bench — %s driver — %s\n", r.Driver, r.Date.Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s\n\n",
-		m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal, m.Cgroups, m.Go)
+	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s, load average at start %s\n\n",
+		m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal, m.Cgroups, m.Go, m.LoadAvg)
 	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprintln(tw, "latency (ms)\tn\tp50\tp95\tp99\tmax\t")
 	row := func(name string, s Summary) {
@@ -85,12 +90,14 @@ func WriteText(w io.Writer, r *Result) error {
 	}
 	if c := r.Cold; c != nil {
 		row("cold create→ready (POST → op succeeded)", c.Create)
+		row("  cold: create operation, server clock", c.ServerOp)
 		row("first exec after create", c.FirstExec)
 		row("delete (DELETE → op succeeded)", c.Delete)
 		row("create→exec→delete cycle", c.Cycle)
 	}
 	if r.Warm != nil {
 		row(fmt.Sprintf("warm create→ready (pool %d)", r.Warm.Pool), r.Warm.Create)
+		row("  warm: create operation, server clock", r.Warm.ServerOp)
 	}
 	if r.Exec != nil {
 		row("exec `/bin/true` round trip (POST + SSE to exit)", *r.Exec)
@@ -108,12 +115,27 @@ func WriteText(w io.Writer, r *Result) error {
 		fmt.Fprintf(&b, "warm pool: %s\n", r.Warm.Mode)
 	}
 	if s := r.Stdout; s != nil {
-		fmt.Fprintf(&b, "stdout: %q, %d MiB per run, decoded by the client: %v MB/s (median %.0f MB/s, MB = 10^6 bytes)\n",
-			strings.Join(s.Argv, " "), s.Bytes>>20, s.MBps, s.Median)
+		fmt.Fprintf(&b, "stdout: %q, %d MiB per run, streamed over SSE and base64-decoded by the client: %v MB/s (median %.0f MB/s; MB = 10^6 bytes; %d bytes per event)\n",
+			strings.Join(s.Argv, " "), s.Bytes>>20, s.MBps, s.Median, s.AvgEvent)
+		fmt.Fprintf(&b, "  CPU per run: %s\n", fmtCPU(s.CPU))
+		fmt.Fprintf(&b, "  the halves apart: command → node's output log %.0f MB/s (no reader), node's log → client %.0f MB/s (replay)\n",
+			s.ProduceMBps, s.ReplayMBps)
+		if len(s.LargeWritesArgv) > 0 {
+			fmt.Fprintf(&b, "  same bytes written 1 MiB at a time (%q): %.0f MB/s (%d bytes per event); CPU: %s\n",
+				strings.Join(s.LargeWritesArgv, " "), s.LargeWritesMBps, s.LargeWritesAvgEvent, fmtCPU(s.LargeWritesCPU))
+		}
 	}
 	if i := r.Idle; i != nil {
-		fmt.Fprintf(&b, "idle: %d created (%.1f s), %d answered a command; MemAvailable %d → %d KiB = %.2f MiB per sandbox (sandbox cgroups %.2f MiB, server RSS %.2f MiB of it); deleted in %.1f s\n",
-			i.Created, i.CreateSeconds, i.Alive, i.MemAvailBefore, i.MemAvailAfter, i.PerSandboxMiB, i.CgroupPerMiB, i.ServerRSSPerMiB, i.DeleteSeconds)
+		fmt.Fprintf(&b, "idle: %d created (%.1f s), %d answered a command; MemAvailable %d → %d KiB = %.2f MiB per sandbox; deleted in %.1f s\n",
+			i.Created, i.CreateSeconds, i.Alive, i.MemAvailBefore, i.MemAvailAfter, i.PerSandboxMiB, i.DeleteSeconds)
+		var parts []string
+		for _, k := range meminfoKeys {
+			if v, ok := i.MeminfoKiB[k]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.0f", k, v))
+			}
+		}
+		fmt.Fprintf(&b, "  per sandbox: charged to its cgroups %.2f MiB, to the server's cgroup %.2f MiB; server RSS growth %.2f MiB; meminfo KiB: %s; agent (PID 1) RSS %d KiB, PSS %d KiB, %.1f threads\n",
+			i.CgroupPerMiB, i.ParentPerMiB, i.ServerRSSPerMiB, strings.Join(parts, ", "), i.AgentRSSKiB, i.AgentPSSKiB, i.AgentThreads)
 	}
 	if c := r.Crun; c != nil {
 		if c.Skipped != "" {

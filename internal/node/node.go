@@ -25,6 +25,10 @@ import (
 	"github.com/space-sandbox/space/internal/template"
 )
 
+// refillDelay is how long the warm pool waits after a claim before it
+// starts replacing the claimed sandbox.
+const refillDelay = 20 * time.Millisecond
+
 // Options configure a node.
 type Options struct {
 	Driver    driver.Driver
@@ -105,6 +109,13 @@ func (n *Node) fillPool() {
 			return
 		case <-n.poolWant:
 		}
+		// Let the claim that asked for a refill finish first: on a small
+		// host a new sandbox competes with it for the same CPUs.
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-time.After(refillDelay):
+		}
 		for _, name := range n.o.WarmTemplates {
 			for {
 				n.mu.Lock()
@@ -175,7 +186,7 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	}
 	inst := n.claim(sb.Template)
 	if inst != nil {
-		n.kickPool()
+		defer n.kickPool()
 		if err := inst.SetLimits(ctx, driverLimits(sb.Limits)); err != nil {
 			inst.Destroy(context.WithoutCancel(ctx))
 			return core.Placement{}, fmt.Errorf("apply limits: %w", err)

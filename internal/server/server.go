@@ -73,6 +73,7 @@ type Server struct {
 	svc        *core.Service
 	node       *node.Node
 	templates  *Templates
+	tm         *template.Manager
 	ctrl, data *http.Server
 	ctrlLn     net.Listener
 	dataLn     net.Listener
@@ -193,7 +194,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}}
+	s.tm = tm
+	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}}
 	s.node, err = node.New(node.Options{
 		Driver: drv, Templates: tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
@@ -305,6 +307,9 @@ func (s *Server) closeAll(ctx context.Context) {
 	s.wg.Wait()
 	if s.node != nil {
 		s.node.Close(ctx)
+	}
+	if s.tm != nil {
+		s.tm.Close()
 	}
 	if s.store != nil {
 		s.store.Close()

@@ -19,6 +19,7 @@ type Templates struct {
 
 	mu       sync.Mutex
 	building map[string]bool
+	failed   map[string]string // builtin name -> why its build failed
 }
 
 func info(t template.Template) core.TemplateInfo {
@@ -45,6 +46,12 @@ func (t *Templates) GetTemplate(ctx context.Context, name string) (core.Template
 	if errors.Is(err, template.ErrNotFound) {
 		if t.isBuilding(name) {
 			return core.TemplateInfo{}, fmt.Errorf("template %q is still being built: %w", name, core.ErrUnavailable)
+		}
+		t.mu.Lock()
+		why := t.failed[name]
+		t.mu.Unlock()
+		if why != "" {
+			return core.TemplateInfo{}, fmt.Errorf("template %q: its build failed at start (%s): %w", name, why, core.ErrNotFound)
 		}
 		return core.TemplateInfo{}, fmt.Errorf("template %q: %w", name, core.ErrNotFound)
 	}
@@ -110,6 +117,9 @@ func (t *Templates) ensure(ctx context.Context, names []string, n *node.Node) {
 		})
 		t.mu.Lock()
 		delete(t.building, name)
+		if err != nil {
+			t.failed[name] = err.Error()
+		}
 		t.mu.Unlock()
 		if err != nil {
 			t.logf("template %s: build failed: %v", name, err)

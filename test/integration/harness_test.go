@@ -209,9 +209,12 @@ func wantBase() bool { return os.Getenv("SPACE_TEST_BASE") == "1" }
 func (e *env) waitTemplate(name string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		st, _, _ := e.call("GET", "/v1/templates/"+name, e.key, nil)
+		st, m, _ := e.call("GET", "/v1/templates/"+name, e.key, nil)
 		if st == 200 {
 			return nil
+		}
+		if st == 404 {
+			return fmt.Errorf("template %s unavailable: %v", name, m)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
