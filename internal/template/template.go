@@ -119,8 +119,8 @@ type Options struct {
 	NoSync bool
 }
 
-// Manager builds templates and resolves names. It holds an exclusive lock
-// on its directory until Close, because it owns tmp/ and may delete from it.
+// Manager builds templates and resolves names. It holds a shared lock on its
+// directory until Close; deleting (tmp/ cleanup, GC) needs the lock alone.
 type Manager struct {
 	dir      string
 	opts     Options
@@ -191,18 +191,25 @@ func NewManager(dir string, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template: open lock: %w", err)
 	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lf.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s", ErrLocked, abs)
+	// Several managers (servers, tests, the CLI) may share a directory:
+	// builds stage in private temp dirs and commit with an atomic rename, so
+	// they only hold a shared lock. Leftovers of crashed builds are cleaned
+	// only when no other manager holds the directory, since their tmp/ may
+	// be in use.
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		if err := m.cleanTmp(); err != nil {
+			lf.Close()
+			return nil, err
 		}
+	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
+		lf.Close()
+		return nil, fmt.Errorf("template: lock %s: %w", abs, err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_SH); err != nil {
+		lf.Close()
 		return nil, fmt.Errorf("template: lock %s: %w", abs, err)
 	}
 	m.lockFile = lf
-	if err := m.cleanTmp(); err != nil {
-		m.Close()
-		return nil, err
-	}
 	return m, nil
 }
 
@@ -389,6 +396,11 @@ func (m *Manager) Remove(name string) error {
 // nil) returns false; keep lets the caller protect digests that running
 // sandboxes still use. It returns the digests removed.
 func (m *Manager) GC(ctx context.Context, keep func(digest string) bool) ([]string, error) {
+	// Another manager may be about to name a tree GC would see as unused.
+	if err := syscall.Flock(int(m.lockFile.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("%w: %s (GC needs it alone)", ErrLocked, m.dir)
+	}
+	defer syscall.Flock(int(m.lockFile.Fd()), syscall.LOCK_SH)
 	m.mu.Lock()
 	used := map[string]bool{}
 	names, err := os.ReadDir(m.namesDir())

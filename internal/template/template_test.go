@@ -262,9 +262,20 @@ func TestCrashLeftoversCleaned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewManager(dir, Options{}); !errors.Is(err, ErrLocked) {
-		t.Errorf("second manager on the same dir: %v, want ErrLocked", err)
+	// A second manager shares the directory but must not clean tmp/ (a
+	// build of the first may be staged there), nor run GC.
+	os.MkdirAll(filepath.Join(dir, "tmp", "build-live"), 0o700)
+	m2, err := NewManager(dir, Options{NoSync: true})
+	if err != nil {
+		t.Fatalf("second manager on the same dir: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(dir, "tmp", "build-live")); err != nil {
+		t.Fatalf("second manager removed a live staging dir: %v", err)
+	}
+	if _, err := m2.GC(context.Background(), nil); !errors.Is(err, ErrLocked) {
+		t.Errorf("GC while another manager holds the dir: %v, want ErrLocked", err)
+	}
+	m2.Close()
 	tpl, err := m.EnsureBuiltin(context.Background(), BuiltinMinimal, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +299,7 @@ func TestCrashLeftoversCleaned(t *testing.T) {
 		t.Log("bind mount not permitted here; skipping the leaked-mount part")
 	}
 
-	m2, err := NewManager(dir, Options{NoSync: true})
+	m2, err = NewManager(dir, Options{NoSync: true})
 	if err != nil {
 		if mounted {
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
