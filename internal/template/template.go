@@ -205,9 +205,21 @@ func NewManager(dir string, opts Options) (*Manager, error) {
 		lf.Close()
 		return nil, fmt.Errorf("template: lock %s: %w", abs, err)
 	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_SH); err != nil {
-		lf.Close()
-		return nil, fmt.Errorf("template: lock %s: %w", abs, err)
+	// Another manager may hold the lock alone for a moment (cleanup, GC);
+	// wait a bounded time rather than forever.
+	for i := 0; ; i++ {
+		err := syscall.Flock(int(lf.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || i == 200 {
+			lf.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w: %s", ErrLocked, abs)
+			}
+			return nil, fmt.Errorf("template: lock %s: %w", abs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	m.lockFile = lf
 	return m, nil
