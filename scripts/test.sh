@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+bash scripts/e2b-deps.sh
 export PATH=$PATH:/usr/local/go/bin:$(go env GOPATH)/bin
 export CGO_ENABLED=0
 # Templates are built once per machine and shared by every test package.

@@ -66,6 +66,8 @@ var routes = []route{
 	{"DELETE", "/v1/sandboxes/{id}", false, (*Server).deleteSandbox},
 	{"POST", "/v1/sandboxes/{id}/timeout", false, (*Server).setTimeout},
 	{"POST", "/v1/sandboxes/{id}/session", false, (*Server).newSession},
+	{"PUT", "/v1/sandboxes/{id}/network", false, (*Server).setNetwork},
+	{"GET", "/v1/sandboxes/{id}/network/log", false, (*Server).networkLog},
 	{"GET", "/v1/operations/{id}", false, (*Server).getOperation},
 	{"GET", "/v1/operations/{id}/events", false, (*Server).operationEvents},
 	{"GET", "/v1/events", false, (*Server).events},
@@ -280,6 +282,45 @@ func (s *Server) newSession(w http.ResponseWriter, r *http.Request, p auth.Princ
 		return httpx.Errorf(http.StatusConflict, "conflict", "sandbox is %s", sb.State)
 	}
 	httpx.WriteJSON(w, http.StatusOK, s.issue(sb))
+	return nil
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req core.NetworkPolicy
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	sb, err := s.o.Service.SetNetwork(r.Context(), p.ProjectID, r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) networkLog(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	q := r.URL.Query()
+	var after uint64
+	limit := 1000
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "after must be a number")
+		}
+		after = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "limit must be 1..1000")
+		}
+		limit = n
+	}
+	log, err := s.o.Service.NetworkLog(r.Context(), p.ProjectID, r.PathValue("id"), after, limit)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, log)
 	return nil
 }
 

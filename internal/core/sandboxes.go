@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/space-sandbox/space/internal/egress/policy"
 )
 
 // Runtime is the node side of the lifecycle: it makes and removes the real
@@ -40,6 +42,19 @@ type CreateRequest struct {
 	Limits   Limits            `json:"limits,omitempty"`
 	// TimeoutSeconds: nil = the server default; 0 = no timeout.
 	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty"`
+	// Network is the egress policy; nil = blocked.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// NetworkRuntime is implemented by runtimes with an egress gateway.
+type NetworkRuntime interface {
+	// NetworkEnabled reports whether sandboxes get a network at all;
+	// without one, only the blocked policy can be honoured.
+	NetworkEnabled() bool
+	// SetNetworkPolicy applies a (validated) policy to a running sandbox.
+	SetNetworkPolicy(ctx context.Context, sb Sandbox, p NetworkPolicy) error
+	// NetworkLog returns decisions after a position, and counters.
+	NetworkLog(ctx context.Context, sb Sandbox, after uint64, limit int) (NetworkLog, error)
 }
 
 // Validation bounds for client input.
@@ -153,7 +168,34 @@ func (s *Service) validate(req *CreateRequest) error {
 	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
 		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
 	}
+	if req.Network != nil {
+		p, err := s.validateNetwork(*req.Network)
+		if err != nil {
+			return err
+		}
+		req.Network = &p
+	}
 	return nil
+}
+
+// validateNetwork parses a policy with the gateway's own parser and
+// returns it in canonical form.
+func (s *Service) validateNetwork(p NetworkPolicy) (NetworkPolicy, error) {
+	parsed, err := policy.Parse(p.Mode, p.Allow)
+	if err != nil {
+		return NetworkPolicy{}, fmt.Errorf("network: %w", invalid("%v", err))
+	}
+	out := NetworkPolicy{Mode: string(parsed.Mode)}
+	if len(parsed.Rules) > 0 {
+		out.Allow = parsed.Strings()
+	}
+	if out.Mode != string(policy.Blocked) {
+		nr, ok := s.runtime.(NetworkRuntime)
+		if !ok || !nr.NetworkEnabled() {
+			return NetworkPolicy{}, fmt.Errorf("network mode %s: this server runs sandboxes without a network (no egress gateway): %w", out.Mode, ErrUnavailable)
+		}
+	}
+	return out, nil
 }
 
 // Create records a sandbox and starts the operation that makes it. With an
@@ -172,7 +214,7 @@ func (s *Service) Create(ctx context.Context, projectID string, req CreateReques
 	sb := Sandbox{
 		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, State: SandboxCreating,
 		Env: req.Env, Metadata: req.Metadata, Limits: req.Limits, Node: s.opts.NodeName,
-		CreatedAt: now, UpdatedAt: now,
+		CreatedAt: now, UpdatedAt: now, Network: req.Network,
 	}
 	timeout := s.opts.DefaultTimeout
 	if req.TimeoutSeconds != nil {
@@ -328,6 +370,50 @@ func (s *Service) SetTimeout(ctx context.Context, projectID, id string, seconds 
 		cur.UpdatedAt = s.opts.Now().UTC()
 		return nil
 	})
+}
+
+// SetNetwork changes a running sandbox's egress policy. It is stored, then
+// applied; new connections and DNS queries see it at once.
+func (s *Service) SetNetwork(ctx context.Context, projectID, id string, p NetworkPolicy) (Sandbox, error) {
+	p, err := s.validateNetwork(p)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if _, err := s.Get(ctx, projectID, id); err != nil {
+		return Sandbox{}, err
+	}
+	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		if cur.State != SandboxRunning {
+			return fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
+		}
+		cur.Network, cur.UpdatedAt = &p, s.opts.Now().UTC()
+		return nil
+	})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if nr, ok := s.runtime.(NetworkRuntime); ok {
+		if err := nr.SetNetworkPolicy(ctx, updated, p); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	return updated, nil
+}
+
+// NetworkLog returns a running sandbox's egress decisions after a position.
+func (s *Service) NetworkLog(ctx context.Context, projectID, id string, after uint64, limit int) (NetworkLog, error) {
+	sb, err := s.Get(ctx, projectID, id)
+	if err != nil {
+		return NetworkLog{}, err
+	}
+	nr, ok := s.runtime.(NetworkRuntime)
+	if !ok || !nr.NetworkEnabled() || sb.State != SandboxRunning {
+		return NetworkLog{Decisions: []NetworkDecision{}}, nil
+	}
+	if limit <= 0 || limit > 1000 {
+		limit = 1000
+	}
+	return nr.NetworkLog(ctx, sb, after, limit)
 }
 
 // ReapExpired deletes running sandboxes past their timeout.

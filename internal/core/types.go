@@ -66,6 +66,37 @@ type Sandbox struct {
 	UpdatedAt time.Time `json:"updated_at"`
 	// ExpiresAt is when the server deletes the sandbox on its own; zero means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Network is the egress policy; nil means blocked.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// NetworkPolicy is a sandbox's egress policy: mode "blocked" (the default:
+// nothing leaves, DNS included), "allowlist" (only the host[:port[,port]]
+// rules in Allow; "*.name" matches proper subdomains) or "open" (any
+// public address, never an internal one).
+type NetworkPolicy struct {
+	Mode  string   `json:"mode"`
+	Allow []string `json:"allow,omitempty"`
+}
+
+// NetworkDecision is one entry of a sandbox's egress decision log.
+type NetworkDecision struct {
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"`
+	Proto   string    `json:"proto"`
+	Name    string    `json:"name,omitempty"`
+	Port    uint16    `json:"port,omitempty"`
+	Dest    string    `json:"dest,omitempty"`
+	Dialled string    `json:"dialled,omitempty"`
+	Verdict string    `json:"verdict"`
+	Rule    string    `json:"rule,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+// NetworkLog is a page of the decision log plus the sandbox's counters.
+type NetworkLog struct {
+	Decisions []NetworkDecision `json:"decisions"`
+	Counters  map[string]uint64 `json:"counters,omitempty"`
 }
 
 // OpState is the state of an operation.

@@ -21,6 +21,8 @@ import (
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/egress/policy"
 	"github.com/space-sandbox/space/internal/execlog"
 	"github.com/space-sandbox/space/internal/template"
 )
@@ -44,7 +46,10 @@ type Options struct {
 	WarmPool      int
 	WarmTemplates []string
 	DefaultLimits driver.Limits
-	Logf          func(string, ...any)
+	// Network, if set, is the egress gateway of this node's sandboxes (the
+	// driver must set their networks up through it); nil = no network.
+	Network *egress.Network
+	Logf    func(string, ...any)
 }
 
 // Node runs sandboxes on this host.
@@ -201,6 +206,12 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 		}
 		progress(80, "sandbox started")
 	}
+	// The instance's network has been blocked since before its first
+	// instruction; now it gets the sandbox's own policy.
+	if err := n.applyNetwork(inst.ID(), sb.Network); err != nil {
+		inst.Destroy(context.WithoutCancel(ctx))
+		return core.Placement{}, err
+	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
 	cfg := agent.Config{Env: map[string]string{}, Cwd: tpl.Defaults.Cwd, User: tpl.Defaults.User}
 	for k, v := range tpl.Defaults.Env {
@@ -244,6 +255,9 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 	inst, err := n.o.Driver.Attach(ctx, instID)
 	if err != nil {
 		return err
+	}
+	if err := n.applyNetwork(inst.ID(), sb.Network); err != nil {
+		n.o.Logf("sandbox %s: network policy: %v", sb.ID, err)
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
 	// The previous process's command logs are not trustworthy (their index
@@ -297,6 +311,73 @@ func (n *Node) Sweep(ctx context.Context, keep map[string]bool) error {
 		}
 	}
 	return nil
+}
+
+// applyNetwork sets an instance's egress policy (nil = blocked).
+func (n *Node) applyNetwork(instID string, p *core.NetworkPolicy) error {
+	if n.o.Network == nil {
+		if p != nil && p.Mode != string(policy.Blocked) && p.Mode != "" {
+			return fmt.Errorf("network mode %s: no egress gateway on this node: %w", p.Mode, core.ErrUnavailable)
+		}
+		return nil
+	}
+	var parsed *policy.Policy
+	if p != nil {
+		var err error
+		if parsed, err = policy.Parse(p.Mode, p.Allow); err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
+	}
+	if err := n.o.Network.GW.SetPolicy(instID, parsed); err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	return nil
+}
+
+// NetworkEnabled implements core.NetworkRuntime.
+func (n *Node) NetworkEnabled() bool { return n.o.Network != nil }
+
+// SetNetworkPolicy implements core.NetworkRuntime.
+func (n *Node) SetNetworkPolicy(ctx context.Context, sb core.Sandbox, p core.NetworkPolicy) error {
+	h, err := n.Sandbox(sb.ID)
+	if err != nil {
+		return err
+	}
+	return n.applyNetwork(h.inst.ID(), &p)
+}
+
+// NetworkLog implements core.NetworkRuntime.
+func (n *Node) NetworkLog(ctx context.Context, sb core.Sandbox, after uint64, limit int) (core.NetworkLog, error) {
+	out := core.NetworkLog{Decisions: []core.NetworkDecision{}}
+	if n.o.Network == nil {
+		return out, nil
+	}
+	h, err := n.Sandbox(sb.ID)
+	if err != nil {
+		return out, err
+	}
+	id := h.inst.ID()
+	ds, err := n.o.Network.GW.Log(id, after, limit)
+	if err != nil {
+		return out, fmt.Errorf("network log: %w", core.ErrNotFound)
+	}
+	for _, d := range ds {
+		out.Decisions = append(out.Decisions, core.NetworkDecision(d))
+	}
+	out.Counters = map[string]uint64{}
+	if ctr, err := n.o.Network.Counters(id); err == nil {
+		for k, v := range ctr {
+			out.Counters["nft_"+k] = v
+		}
+	}
+	if st, err := n.o.Network.GW.Stats(id); err == nil {
+		out.Counters["upstream_sockets"] = st.UpstreamSockets
+		out.Counters["dns_queries"] = st.DNSQueries
+		out.Counters["dns_refused"] = st.DNSRefused
+		out.Counters["conns_allowed"] = st.ConnsAllowed
+		out.Counters["conns_denied"] = st.ConnsDenied
+	}
+	return out, nil
 }
 
 // Sandbox returns a running sandbox by id.

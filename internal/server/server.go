@@ -24,6 +24,9 @@ import (
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/namespace"
+	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/netns"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 	"github.com/space-sandbox/space/internal/template"
@@ -48,7 +51,18 @@ type Config struct {
 	DefaultLimits  core.Limits
 	MaxLimits      core.Limits
 	UIDBase        uint32
-	Logf           func(string, ...any)
+	// Egress, if set, gives every sandbox a network behind the egress
+	// gateway; nil keeps sandboxes without any network.
+	Egress *EgressConfig
+	Logf   func(string, ...any)
+}
+
+// EgressConfig configures sandbox networks and the egress gateway. Two
+// servers on one host need different Links.IfPrefix, Links.Table and
+// Links.Pool.
+type EgressConfig struct {
+	Links   netns.Config
+	Gateway egress.Config
 }
 
 // DefaultConfig returns the settings `space server` uses with no flags.
@@ -74,6 +88,7 @@ type Server struct {
 	node       *node.Node
 	templates  *Templates
 	tm         *template.Manager
+	net        *egress.Network
 	ctrl, data *http.Server
 	ctrlLn     net.Listener
 	dataLn     net.Listener
@@ -82,7 +97,7 @@ type Server struct {
 }
 
 // pickDriver chooses the strongest driver this host supports and says why.
-func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
+func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
 	want := cfg.Driver
 	if want == "" || want == "auto" {
 		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable); gvisor driver not built in yet"
@@ -95,7 +110,11 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 	}
 	switch want {
 	case "namespace":
-		return namespace.New(namespace.Options{
+		var hook func(ctx context.Context, id string, pid int) error
+		if network != nil {
+			hook = network.Setup
+		}
+		d, err := namespace.New(namespace.Options{
 			CgroupBase: cgroupBase(cfg.DataDir),
 			StateDir:   filepath.Join(cfg.DataDir, "sandboxes"),
 			RunDir:     cfg.RunDir,
@@ -104,8 +123,13 @@ func pickDriver(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 			UIDCount:   65536,
 			DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 				CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
-			Logf: logf,
+			Network: hook,
+			Logf:    logf,
 		})
+		if err != nil || network == nil {
+			return d, err
+		}
+		return network.WrapDriver(d), nil
 	default:
 		return nil, fmt.Errorf("driver %q is not available on this build/host", want)
 	}
@@ -181,7 +205,20 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = sqlite.Open(ctx, filepath.Join(cfg.DataDir, "space.db")); err != nil {
 		return nil, err
 	}
-	drv, err := pickDriver(cfg, cfg.Logf)
+	if cfg.Egress != nil {
+		gc := cfg.Egress.Gateway
+		if gc.Logf == nil {
+			gc.Logf = cfg.Logf
+		}
+		lc := cfg.Egress.Links
+		if lc.Logf == nil {
+			lc.Logf = cfg.Logf
+		}
+		if s.net, err = egress.NewNetwork(lc, gc); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+	}
+	drv, err := pickDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +238,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
-		Logf: cfg.Logf,
+		Network: s.net,
+		Logf:    cfg.Logf,
 	})
 	if err != nil {
 		return nil, err
@@ -233,11 +271,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if dataURL == "" {
 		dataURL = "http://" + s.dataLn.Addr().String()
 	}
-	s.ctrl = &http.Server{Handler: api.New(api.Options{
+	// E2B compatibility: its REST paths (/sandboxes, /v2/sandboxes, ...) on
+	// the control listener, envd (routed by E2b-Sandbox-Id) on the data one.
+	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf})
+	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf})
+	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
-	}), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
-	s.data = &http.Server{Handler: dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf}),
+	})), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf})),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 	for _, p := range []struct {
 		srv *http.Server
@@ -280,6 +323,10 @@ func (s *Server) DataAddr() string { return s.dataLn.Addr().String() }
 // per-sandbox create timing or warm-pool state).
 func (s *Server) Node() *node.Node { return s.node }
 
+// Network returns the sandbox network and egress gateway (nil without
+// Config.Egress), for tests that need its counters or to stop it.
+func (s *Server) Network() *egress.Network { return s.net }
+
 // Shutdown stops serving. Running sandboxes keep running; the next start
 // re-adopts them.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -307,6 +354,9 @@ func (s *Server) closeAll(ctx context.Context) {
 	s.wg.Wait()
 	if s.node != nil {
 		s.node.Close(ctx)
+	}
+	if s.net != nil {
+		s.net.Close()
 	}
 	if s.tm != nil {
 		s.tm.Close()

@@ -1,0 +1,652 @@
+// Package e2b makes SPACE speak E2B's protocol, so the unmodified e2b SDKs
+// work against it: the control REST API (create, list, get, kill, timeout,
+// connect, ...) mapped onto core.Service, and envd (Connect RPC process and
+// filesystem services, /files, /health) mapped onto node.Sandbox and its
+// agent. Nothing here is a second implementation of the lifecycle: every
+// call goes through the same service, operations and credentials as SPACE's
+// own API. See docs/e2b-compat.md for what is supported.
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/httpx"
+)
+
+// EnvdVersion is the envd version SPACE reports. The SDK switches features
+// on by it; 0.6.4 is the highest whose wire features SPACE serves (octet
+// stream and gzip uploads, closeStdin, watchDir options).
+const EnvdVersion = "0.6.4"
+
+// Bounds on client input.
+const (
+	maxBody       = 1 << 20
+	maxListLimit  = 100
+	defaultTTL    = 300 // seconds, E2B's default sandbox timeout
+	createWaitMax = 5 * time.Minute
+	killWait      = 30 * time.Second
+)
+
+// APIOptions configure the E2B control API.
+type APIOptions struct {
+	Service    *core.Service
+	Engine     *core.Engine
+	Keys       *auth.Keys
+	Sessions   *auth.Sessions
+	SessionTTL time.Duration
+	// Aliases maps E2B template names to SPACE templates. Names not in the
+	// table are used as SPACE template names as they are.
+	Aliases map[string]string
+	// CreateWait bounds how long create waits for the sandbox to run.
+	CreateWait time.Duration
+	Logf       func(string, ...any)
+	Now        func() time.Time
+}
+
+// DefaultAliases is the alias table used when APIOptions.Aliases is nil.
+func DefaultAliases() map[string]string {
+	return map[string]string{"base": "base"}
+}
+
+// API is the E2B control REST API.
+type API struct {
+	o   APIOptions
+	mux *http.ServeMux
+}
+
+type apiHandler func(a *API, w http.ResponseWriter, r *http.Request, p auth.Principal) error
+
+// NewAPI returns the E2B control API handler.
+func NewAPI(o APIOptions) *API {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Aliases == nil {
+		o.Aliases = DefaultAliases()
+	}
+	if o.CreateWait <= 0 || o.CreateWait > createWaitMax {
+		o.CreateWait = 2 * time.Minute
+	}
+	if o.SessionTTL <= 0 {
+		o.SessionTTL = 24 * time.Hour
+	}
+	a := &API{o: o, mux: http.NewServeMux()}
+	for _, rt := range []struct {
+		pattern string
+		h       apiHandler
+	}{
+		{"POST /sandboxes", (*API).create},
+		{"POST /v2/sandboxes", (*API).create},
+		{"GET /sandboxes", (*API).listV1},
+		{"GET /v2/sandboxes", (*API).listV2},
+		{"GET /sandboxes/{id}", (*API).get},
+		{"DELETE /sandboxes/{id}", (*API).kill},
+		{"POST /sandboxes/{id}/timeout", (*API).setTimeout},
+		{"POST /sandboxes/{id}/refreshes", (*API).refresh},
+		{"POST /sandboxes/{id}/connect", (*API).connect},
+		{"POST /v2/sandboxes/{id}/connect", (*API).connect},
+		{"POST /sandboxes/{id}/pause", (*API).pause},
+		{"POST /sandboxes/{id}/resume", (*API).resume},
+		{"GET /sandboxes/{id}/metrics", (*API).metrics},
+	} {
+		h := rt.h
+		a.mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
+			p, err := a.authenticate(r)
+			if err == nil {
+				err = h(a, w, r, p)
+			}
+			if err != nil {
+				writeError(w, err)
+			}
+		})
+	}
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// Known E2B features SPACE does not have (fork, snapshots, network
+		// updates, logs, templates) answer 501 rather than a 404 the SDK
+		// would read as "sandbox not found".
+		writeError(w, httpx.Errorf(http.StatusNotImplemented, "not_implemented",
+			"%s %s is not supported by SPACE's E2B compatibility layer (see docs/e2b-compat.md)", r.Method, r.URL.Path))
+	})
+	return a
+}
+
+// IsAPIPath reports whether a control-listener path belongs to the E2B API.
+func IsAPIPath(p string) bool {
+	for _, pre := range []string{"/sandboxes", "/v2/sandboxes", "/snapshots", "/templates", "/v2/templates", "/v3/templates"} {
+		if p == pre || strings.HasPrefix(p, pre+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// Wrap sends E2B paths to the E2B API and everything else to next.
+func (a *API) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if IsAPIPath(r.URL.Path) {
+			a.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			a.o.Logf("e2b: panic in %s %s: %v", r.Method, r.URL.Path, v)
+			writeError(w, httpx.Errorf(http.StatusInternalServerError, "internal", "internal error"))
+		}
+	}()
+	a.mux.ServeHTTP(w, r)
+}
+
+// writeError writes E2B's error shape: {"code": <status>, "message"}. The SDK
+// reads the JSON code, so it must equal the HTTP status.
+func writeError(w http.ResponseWriter, err error) {
+	status, _, msg := httpx.StatusOf(err)
+	if status == 499 {
+		return
+	}
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	httpx.WriteJSON(w, status, v)
+}
+
+func errf(status int, format string, args ...any) error {
+	return httpx.Errorf(status, http.StatusText(status), format, args...)
+}
+
+func (a *API) authenticate(r *http.Request) (auth.Principal, error) {
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if v := r.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer ") {
+			key = strings.TrimPrefix(v, "Bearer ")
+		}
+	}
+	if key == "" {
+		return auth.Principal{}, errf(http.StatusUnauthorized, "missing API key (X-API-KEY)")
+	}
+	p, err := a.o.Keys.Verify(r.Context(), key)
+	if errors.Is(err, core.ErrUnauthorized) {
+		return p, errf(http.StatusUnauthorized, "invalid API key")
+	}
+	return p, err
+}
+
+// decode reads a bounded JSON body into v. Unknown fields are ignored: the
+// SDK adds fields over time and old servers must not break on them; fields
+// SPACE cannot honour are checked explicitly by the caller.
+func decode(w http.ResponseWriter, r *http.Request, v any, required bool) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errf(http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxBody)
+		}
+		return errf(http.StatusBadRequest, "read body: %v", err)
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		if required {
+			return errf(http.StatusBadRequest, "a JSON body is required")
+		}
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return errf(http.StatusBadRequest, "field %q: expected %s", ute.Field, ute.Type)
+		}
+		return errf(http.StatusBadRequest, "malformed JSON body")
+	}
+	return nil
+}
+
+// newSandboxReq is NewSandbox (v1) and NewSandboxV2.
+type newSandboxReq struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  *bool             `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	VolumeMounts []json.RawMessage `json:"volumeMounts"`
+	// Accepted and not enforced here: SPACE sandboxes have no network
+	// (stricter than any E2B network setting), and every envd is secured.
+	Secure              *bool           `json:"secure"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	Network             json.RawMessage `json:"network"`
+}
+
+// sandboxResp is E2B's Sandbox (create/connect answer).
+type sandboxResp struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+// listedSandbox is E2B's ListedSandbox; detail adds the SandboxDetail fields.
+type listedSandbox struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	CPUCount    int64             `json:"cpuCount"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskSizeMB  int64             `json:"diskSizeMB"`
+	EnvdVersion string            `json:"envdVersion"`
+	Metadata    map[string]string `json:"metadata"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	State       string            `json:"state"`
+}
+
+type detail struct {
+	listedSandbox
+	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
+	Domain          *string `json:"domain"`
+	Lifecycle       struct {
+		OnTimeout  string `json:"onTimeout"`
+		AutoResume bool   `json:"autoResume"`
+	} `json:"lifecycle"`
+}
+
+const clientID = "space"
+
+// alive reports whether E2B would call the sandbox existing: E2B has no
+// visible "creating" state (create answers once it runs), and killed or
+// failed sandboxes are gone.
+func alive(sb core.Sandbox) bool {
+	return sb.State == core.SandboxRunning || sb.State == core.SandboxCreating
+}
+
+func (a *API) listed(sb core.Sandbox) listedSandbox {
+	cpu := (sb.Limits.CPUMillis + 999) / 1000
+	if cpu < 1 {
+		cpu = 1
+	}
+	end := sb.CreatedAt.Add(core.MaxTimeoutSecond * time.Second)
+	if sb.ExpiresAt != nil {
+		end = *sb.ExpiresAt
+	}
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return listedSandbox{
+		SandboxID: sb.ID, TemplateID: sb.Template, ClientID: clientID, CPUCount: cpu,
+		MemoryMB: sb.Limits.MemoryBytes >> 20, EnvdVersion: EnvdVersion, Metadata: md,
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: "running",
+	}
+}
+
+func (a *API) sandboxResp(sb core.Sandbox, alias string) sandboxResp {
+	tok, _ := a.o.Sessions.Issue(sb.ProjectID, sb.ID, a.o.SessionTTL)
+	return sandboxResp{SandboxID: sb.ID, TemplateID: sb.Template, Alias: alias, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
+}
+
+func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req newSandboxReq
+	if err := decode(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.AutoPause != nil && *req.AutoPause || req.AutoResume != nil && req.AutoResume.Enabled {
+		return errf(http.StatusBadRequest, "autoPause/autoResume are not supported: SPACE has no snapshots yet")
+	}
+	if len(req.VolumeMounts) > 0 {
+		return errf(http.StatusBadRequest, "volumeMounts are not supported")
+	}
+	alias := req.TemplateID
+	if alias == "" {
+		alias = "base"
+	}
+	tpl := alias
+	if t, ok := a.o.Aliases[alias]; ok {
+		tpl = t
+	}
+	timeout := int64(defaultTTL)
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+	}
+	if timeout <= 0 || timeout > core.MaxTimeoutSecond {
+		return errf(http.StatusBadRequest, "timeout must be between 1 and %d seconds", core.MaxTimeoutSecond)
+	}
+	sb, op, err := a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
+		Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
+	}, "")
+	if errors.Is(err, core.ErrNotFound) {
+		return errf(http.StatusNotFound, "template %.64q not found", alias)
+	}
+	if err != nil {
+		return err
+	}
+	// E2B's create answers once the sandbox is usable: wait for the SPACE
+	// operation rather than handing back a sandbox that is still starting.
+	deadline := time.Now().Add(a.o.CreateWait)
+	for !op.State.Done() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return errf(http.StatusGatewayTimeout, "sandbox %s did not start within %v (operation %s)", sb.ID, a.o.CreateWait, op.ID)
+		}
+		if op, err = a.o.Engine.Wait(r.Context(), p.ProjectID, op.ID, min(left, 30*time.Second)); err != nil {
+			return err
+		}
+	}
+	if op.State != core.OpSucceeded {
+		msg := "sandbox creation failed"
+		if op.Error != nil {
+			msg += ": " + op.Error.Message
+		}
+		return errf(http.StatusInternalServerError, "%s", msg)
+	}
+	if sb, err = a.o.Service.Get(r.Context(), p.ProjectID, sb.ID); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, a.sandboxResp(sb, alias))
+	return nil
+}
+
+// lookup returns a live sandbox of the caller's project, 404 otherwise.
+func (a *API) lookup(r *http.Request, p auth.Principal) (core.Sandbox, error) {
+	id := r.PathValue("id")
+	sb, err := a.o.Service.Get(r.Context(), p.ProjectID, id)
+	if errors.Is(err, core.ErrNotFound) || err == nil && !alive(sb) {
+		return core.Sandbox{}, errf(http.StatusNotFound, "sandbox %.80q not found", id)
+	}
+	return sb, err
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, err := a.lookup(r, p)
+	if err != nil {
+		return err
+	}
+	d := detail{listedSandbox: a.listed(sb)}
+	d.Lifecycle.OnTimeout = "kill"
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+func (a *API) kill(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	sb, err := a.lookup(r, p)
+	if err != nil {
+		return err
+	}
+	op, err := a.o.Service.Delete(r.Context(), p.ProjectID, sb.ID)
+	if errors.Is(err, core.ErrNotFound) {
+		return errf(http.StatusNotFound, "sandbox %s not found", sb.ID)
+	}
+	if err != nil {
+		return err
+	}
+	// E2B's kill is synchronous; wait (bounded) so isRunning() right after
+	// kill() says false.
+	if _, err := a.o.Engine.Wait(r.Context(), p.ProjectID, op.ID, killWait); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (a *API) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.Timeout == nil || *req.Timeout <= 0 || *req.Timeout > core.MaxTimeoutSecond {
+		return errf(http.StatusBadRequest, "timeout must be between 1 and %d seconds", core.MaxTimeoutSecond)
+	}
+	sb, err := a.lookup(r, p)
+	if err != nil {
+		return err
+	}
+	if _, err := a.o.Service.SetTimeout(r.Context(), p.ProjectID, sb.ID, *req.Timeout); err != nil {
+		if errors.Is(err, core.ErrConflict) {
+			return errf(http.StatusNotFound, "sandbox %s not found", sb.ID)
+		}
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// extend moves a sandbox's end to now+seconds unless it already ends later
+// (connect and refresh only ever extend).
+func (a *API) extend(r *http.Request, sb core.Sandbox, seconds int64) (core.Sandbox, error) {
+	if sb.ExpiresAt == nil {
+		return sb, nil
+	}
+	if a.o.Now().Add(time.Duration(seconds) * time.Second).Before(*sb.ExpiresAt) {
+		return sb, nil
+	}
+	out, err := a.o.Service.SetTimeout(r.Context(), sb.ProjectID, sb.ID, seconds)
+	if errors.Is(err, core.ErrConflict) {
+		return out, errf(http.StatusNotFound, "sandbox %s not found", sb.ID)
+	}
+	return out, err
+}
+
+func (a *API) refresh(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decode(w, r, &req, false); err != nil {
+		return err
+	}
+	secs := int64(defaultTTL)
+	if req.Duration != nil {
+		secs = *req.Duration
+	}
+	if secs <= 0 || secs > core.MaxTimeoutSecond {
+		return errf(http.StatusBadRequest, "duration must be between 1 and %d seconds", core.MaxTimeoutSecond)
+	}
+	sb, err := a.lookup(r, p)
+	if err != nil {
+		return err
+	}
+	if _, err := a.extend(r, sb, secs); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decode(w, r, &req, false); err != nil {
+		return err
+	}
+	secs := int64(defaultTTL)
+	if req.Timeout != nil {
+		secs = *req.Timeout
+	}
+	if secs <= 0 || secs > core.MaxTimeoutSecond {
+		return errf(http.StatusBadRequest, "timeout must be between 1 and %d seconds", core.MaxTimeoutSecond)
+	}
+	sb, err := a.lookup(r, p)
+	if err != nil {
+		return err
+	}
+	if sb, err = a.extend(r, sb, secs); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, a.sandboxResp(sb, ""))
+	return nil
+}
+
+func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	if _, err := a.lookup(r, p); err != nil {
+		return err
+	}
+	return errf(http.StatusConflict, "pause is not supported yet: SPACE has no snapshots; the sandbox keeps running")
+}
+
+func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	if _, err := a.lookup(r, p); err != nil {
+		return err
+	}
+	return errf(http.StatusConflict, "sandbox is already running")
+}
+
+func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	if _, err := a.lookup(r, p); err != nil {
+		return err
+	}
+	// Metrics are not collected yet; an empty list is a valid answer.
+	writeJSON(w, http.StatusOK, []any{})
+	return nil
+}
+
+// listFilter turns E2B list query parameters into a core filter. ok is false
+// when the filter can match nothing (only "paused" asked for).
+func listFilter(q url.Values, projectID string) (core.SandboxFilter, bool, error) {
+	f := core.SandboxFilter{ProjectID: projectID, States: []core.SandboxState{core.SandboxCreating, core.SandboxRunning}}
+	if v := q.Get("metadata"); v != "" {
+		md, err := parseMetadataQuery(v)
+		if err != nil {
+			return f, false, err
+		}
+		f.Metadata = md
+	}
+	ok := true
+	if v := q.Get("state"); v != "" {
+		running := false
+		for _, s := range strings.Split(v, ",") {
+			switch s {
+			case "running":
+				running = true
+			case "paused":
+			default:
+				return f, false, errf(http.StatusBadRequest, "unknown state %.32q (running, paused)", s)
+			}
+		}
+		ok = running
+	}
+	return f, ok, nil
+}
+
+// parseMetadataQuery decodes the SDK's metadata filter: the query value is a
+// URL-encoded "k=v&k2=v2" whose keys and values are URL-encoded once more.
+func parseMetadataQuery(v string) (map[string]string, error) {
+	if len(v) > 8<<10 {
+		return nil, errf(http.StatusBadRequest, "metadata filter too long")
+	}
+	raw, err := url.QueryUnescape(v)
+	if err != nil {
+		return nil, errf(http.StatusBadRequest, "metadata filter is not URL-encoded")
+	}
+	md := map[string]string{}
+	for _, pair := range strings.Split(raw, "&") {
+		if pair == "" {
+			continue
+		}
+		k, val, found := strings.Cut(pair, "=")
+		if !found {
+			return nil, errf(http.StatusBadRequest, "metadata filter must be key=value pairs")
+		}
+		dk, err1 := url.QueryUnescape(k)
+		dv, err2 := url.QueryUnescape(val)
+		if err1 != nil || err2 != nil {
+			return nil, errf(http.StatusBadRequest, "metadata filter is not URL-encoded")
+		}
+		if len(md) >= core.MaxMetadata {
+			return nil, errf(http.StatusBadRequest, "at most %d metadata filters", core.MaxMetadata)
+		}
+		md[dk] = dv
+	}
+	return md, nil
+}
+
+func (a *API) listV2(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	q := r.URL.Query()
+	f, ok, err := listFilter(q, p.ProjectID)
+	if err != nil {
+		return err
+	}
+	f.Limit = maxListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return errf(http.StatusBadRequest, "limit must be 1..%d", maxListLimit)
+		}
+		f.Limit = n
+	}
+	if v := q.Get("nextToken"); v != "" {
+		if !core.ValidSandboxID(v) {
+			return errf(http.StatusBadRequest, "bad nextToken")
+		}
+		f.After = v
+	}
+	out := []listedSandbox{}
+	if ok {
+		f.Limit++ // one extra says whether there is a next page
+		list, err := a.o.Service.List(r.Context(), f)
+		if err != nil {
+			return err
+		}
+		if len(list) == f.Limit {
+			list = list[:f.Limit-1]
+			w.Header().Set("X-Next-Token", list[len(list)-1].ID)
+		}
+		for _, sb := range list {
+			out = append(out, a.listed(sb))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// listV1 is the deprecated unpaged list: running sandboxes only.
+func (a *API) listV1(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	f, _, err := listFilter(url.Values{"metadata": r.URL.Query()["metadata"]}, p.ProjectID)
+	if err != nil {
+		return err
+	}
+	out := []listedSandbox{}
+	f.Limit = 1000
+	for {
+		list, err := a.o.Service.List(r.Context(), f)
+		if err != nil {
+			return err
+		}
+		for _, sb := range list {
+			out = append(out, a.listed(sb))
+		}
+		if len(list) < f.Limit || len(out) >= 10000 {
+			break
+		}
+		f.After = list[len(list)-1].ID
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,134 @@
+package egress
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/netns"
+)
+
+// Network joins each sandbox's link and host rules (netns) with the
+// gateway that serves it. Its Setup is the namespace driver's Network hook:
+// it runs before the sandbox's PID 1 is released, so the rules and the
+// listeners exist before the sandbox's first instruction (R1).
+type Network struct {
+	Links *netns.Manager
+	GW    *Gateway
+	logf  func(string, ...any)
+}
+
+// NewNetwork creates the host table and the gateway. The sandbox pool is
+// always internal to the gateway.
+func NewNetwork(lc netns.Config, gc Config) (*Network, error) {
+	links, err := netns.New(lc)
+	if err != nil {
+		return nil, err
+	}
+	eff := links.Config()
+	gc.DNSPort, gc.ProxyPort = eff.DNSPort, eff.ProxyPort
+	gc.Deny = append(append([]netip.Prefix(nil), gc.Deny...), eff.Pool)
+	gw, err := New(gc)
+	if err != nil {
+		return nil, err
+	}
+	logf := gc.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	return &Network{Links: links, GW: gw, logf: logf}, nil
+}
+
+// Setup gives a new sandbox (driver instance id) its link, rules and
+// gateway listeners, with the blocked policy.
+func (n *Network) Setup(ctx context.Context, id string, pid int) error {
+	l, err := n.Links.Setup(ctx, id, pid)
+	if err != nil {
+		return err
+	}
+	if err := n.GW.Attach(id, l.Host); err != nil {
+		n.Links.Release(id)
+		return err
+	}
+	return nil
+}
+
+// Release removes a sandbox's gateway state and rules.
+func (n *Network) Release(id string) {
+	n.GW.Detach(id)
+	n.Links.Release(id)
+}
+
+// Adopt serves again a sandbox that survived a restart (blocked until its
+// policy is set again).
+func (n *Network) Adopt(id string) error {
+	l, err := n.Links.Adopt(id)
+	if err != nil {
+		return err
+	}
+	return n.GW.Attach(id, l.Host)
+}
+
+// Sweep removes links and rules of instances not in keep.
+func (n *Network) Sweep(keep map[string]bool) error { return n.Links.Sweep(keep) }
+
+// Counters returns a sandbox's packet-filter counters.
+func (n *Network) Counters(id string) (map[string]uint64, error) { return n.Links.Counters(id) }
+
+// Close stops the gateway. Links and rules stay: sandboxes outlive the
+// node process, and with the gateway gone their connections are refused.
+func (n *Network) Close() { n.GW.Close() }
+
+// WrapDriver returns d with each instance's network released when the
+// instance is destroyed or fails to start, re-adopted on Attach and swept
+// with the driver's own leftovers.
+func (n *Network) WrapDriver(d driver.Driver) driver.Driver { return &netDriver{Driver: d, n: n} }
+
+type netDriver struct {
+	driver.Driver
+	n *Network
+}
+
+func (d *netDriver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
+	inst, err := d.Driver.Create(ctx, spec)
+	if err != nil {
+		d.n.Release(spec.ID)
+		return nil, err
+	}
+	return &netInstance{Instance: inst, n: d.n}, nil
+}
+
+func (d *netDriver) Attach(ctx context.Context, id string) (driver.Instance, error) {
+	inst, err := d.Driver.Attach(ctx, id)
+	if err != nil {
+		d.n.Release(id)
+		return nil, err
+	}
+	if err := d.n.Adopt(id); err != nil {
+		// Fail closed: the rules (if any) stay, nothing serves them.
+		d.n.logf("egress: %s: re-attach network: %v", id, err)
+	}
+	return &netInstance{Instance: inst, n: d.n}, nil
+}
+
+func (d *netDriver) Sweep(ctx context.Context, keep map[string]bool) error {
+	if err := d.Driver.Sweep(ctx, keep); err != nil {
+		return err
+	}
+	if err := d.n.Sweep(keep); err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
+	return nil
+}
+
+type netInstance struct {
+	driver.Instance
+	n *Network
+}
+
+func (i *netInstance) Destroy(ctx context.Context) error {
+	err := i.Instance.Destroy(ctx)
+	i.n.Release(i.ID())
+	return err
+}

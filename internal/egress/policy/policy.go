@@ -1,0 +1,270 @@
+// Package policy parses and matches per-sandbox egress policies. It has no
+// dependencies so that the API layer can validate what the gateway enforces
+// with the very same code (R8: one canonical name everywhere).
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Mode is a sandbox's egress mode.
+type Mode string
+
+// Modes.
+const (
+	// Blocked: nothing leaves the sandbox, DNS included (the default).
+	Blocked Mode = "blocked"
+	// Allowlist: only (name, port) pairs in the rules.
+	Allowlist Mode = "allowlist"
+	// Open: any public destination; internal ones never.
+	Open Mode = "open"
+)
+
+// Limits on policies.
+const (
+	MaxRules   = 256
+	maxNameLen = 253
+	maxLabel   = 63
+)
+
+// ErrInvalid marks a policy or name that does not parse.
+var ErrInvalid = errors.New("invalid egress policy")
+
+// Rule allows one name (or every proper subdomain of it) on some ports.
+type Rule struct {
+	Name     string   // canonical, without "*."
+	Wildcard bool     // "*.name": proper subdomains only, on a label boundary
+	Ports    []uint16 // sorted, never empty
+}
+
+// String renders the rule in the form it is written in.
+func (r Rule) String() string {
+	ps := make([]string, len(r.Ports))
+	for i, p := range r.Ports {
+		ps[i] = strconv.Itoa(int(p))
+	}
+	n := r.Name
+	if r.Wildcard {
+		n = "*." + n
+	}
+	return n + ":" + strings.Join(ps, ",")
+}
+
+// Policy is a parsed, immutable policy. Swap whole values to change one.
+type Policy struct {
+	Mode  Mode
+	Rules []Rule
+}
+
+// DefaultPorts apply to a rule written without ports.
+var DefaultPorts = []uint16{80, 443}
+
+// Parse validates a mode and its allow rules ("host", "host:443",
+// "*.host:80,443"). An empty mode means blocked. Rules are only allowed in
+// allowlist mode.
+func Parse(mode string, allow []string) (*Policy, error) {
+	p := &Policy{Mode: Mode(mode)}
+	switch p.Mode {
+	case "":
+		p.Mode = Blocked
+	case Blocked, Allowlist, Open:
+	default:
+		return nil, fmt.Errorf("%w: mode must be blocked, allowlist or open", ErrInvalid)
+	}
+	if p.Mode != Allowlist && len(allow) > 0 {
+		return nil, fmt.Errorf("%w: allow rules need mode allowlist", ErrInvalid)
+	}
+	if len(allow) > MaxRules {
+		return nil, fmt.Errorf("%w: at most %d rules", ErrInvalid, MaxRules)
+	}
+	for _, a := range allow {
+		r, err := ParseRule(a)
+		if err != nil {
+			return nil, err
+		}
+		p.Rules = append(p.Rules, r)
+	}
+	return p, nil
+}
+
+// ParseRule parses one allow rule.
+func ParseRule(s string) (Rule, error) {
+	var r Rule
+	if len(s) > maxNameLen+64 {
+		return r, fmt.Errorf("%w: rule too long", ErrInvalid)
+	}
+	host, ports := s, ""
+	if i := strings.IndexByte(s, ':'); i >= 0 {
+		host, ports = s[:i], s[i+1:]
+		if ports == "" {
+			return r, fmt.Errorf("%w: rule %.80q: empty port list", ErrInvalid, s)
+		}
+	}
+	if strings.HasPrefix(host, "*.") {
+		r.Wildcard = true
+		host = host[2:]
+	}
+	name, err := Canonical(host)
+	if err != nil {
+		return r, fmt.Errorf("%w: rule %.80q: %v", ErrInvalid, s, err)
+	}
+	if IsIPLiteral(name) {
+		return r, fmt.Errorf("%w: rule %.80q: IP literals are not allowed (R7)", ErrInvalid, s)
+	}
+	if r.Wildcard && !strings.Contains(name, ".") {
+		return r, fmt.Errorf("%w: rule %.80q: a wildcard needs at least two labels", ErrInvalid, s)
+	}
+	r.Name = name
+	if ports == "" {
+		r.Ports = append([]uint16(nil), DefaultPorts...)
+		return r, nil
+	}
+	seen := map[uint16]bool{}
+	for _, ps := range strings.Split(ports, ",") {
+		n, err := strconv.ParseUint(ps, 10, 16)
+		if err != nil || n == 0 || strconv.FormatUint(n, 10) != ps {
+			return r, fmt.Errorf("%w: rule %.80q: bad port %.8q", ErrInvalid, s, ps)
+		}
+		if !seen[uint16(n)] {
+			seen[uint16(n)] = true
+			r.Ports = append(r.Ports, uint16(n))
+		}
+	}
+	sort.Slice(r.Ports, func(i, j int) bool { return r.Ports[i] < r.Ports[j] })
+	return r, nil
+}
+
+// Canonical returns the one spelling of a host name used everywhere (R8):
+// lower case, one trailing dot removed, LDH labels (plus '_') of 1..63
+// bytes, at most 253 bytes. Anything else (NUL, '%', '@', ':', '*',
+// non-ASCII, empty labels) is an error: U-labels must arrive as A-labels.
+func Canonical(s string) (string, error) {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > maxNameLen {
+		return "", errors.New("name is empty or longer than 253 bytes")
+	}
+	b := []byte(s)
+	label := 0
+	for i, c := range b {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_':
+		case c == '.':
+			if label == 0 {
+				return "", errors.New("empty label")
+			}
+			label = 0
+			continue
+		default:
+			return "", fmt.Errorf("byte %q not allowed in a host name", c)
+		}
+		label++
+		if label > maxLabel {
+			return "", errors.New("label longer than 63 bytes")
+		}
+	}
+	if label == 0 {
+		return "", errors.New("empty label")
+	}
+	return string(b), nil
+}
+
+// IsIPLiteral reports whether a canonical name is an IP address in any
+// spelling inet_aton accepts (R7): dotted, shortened ("127.1"), decimal
+// ("2130706433"), hex or octal parts. No real TLD is all digits or 0x-hex,
+// so a numeric last label is enough to tell.
+func IsIPLiteral(name string) bool {
+	if _, err := netip.ParseAddr(name); err == nil {
+		return true
+	}
+	last := name
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		last = name[i+1:]
+	}
+	if last == "" {
+		return false
+	}
+	if strings.HasPrefix(last, "0x") {
+		for _, c := range last[2:] {
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+		return true
+	}
+	for _, c := range last {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// matchName reports whether a canonical name is covered by r.
+func (r Rule) matchName(name string) bool {
+	if r.Wildcard {
+		return len(name) > len(r.Name)+1 && strings.HasSuffix(name, r.Name) && name[len(name)-len(r.Name)-1] == '.'
+	}
+	return name == r.Name
+}
+
+// AllowName reports whether any rule covers name on some port: the
+// resolver recurses only for such names. It returns the matching rule.
+func (p *Policy) AllowName(name string) (Rule, bool) {
+	if p == nil {
+		return Rule{}, false
+	}
+	switch p.Mode {
+	case Open:
+		return Rule{Name: "*"}, true
+	case Allowlist:
+		for _, r := range p.Rules {
+			if r.matchName(name) {
+				return r, true
+			}
+		}
+	}
+	return Rule{}, false
+}
+
+// Allow reports whether a connection to name:port is allowed, and by which
+// rule. IP literals never match a rule (R7).
+func (p *Policy) Allow(name string, port uint16) (Rule, bool) {
+	if p == nil {
+		return Rule{}, false
+	}
+	switch p.Mode {
+	case Open:
+		return Rule{Name: "*"}, true
+	case Allowlist:
+		if IsIPLiteral(name) {
+			return Rule{}, false
+		}
+		for _, r := range p.Rules {
+			if !r.matchName(name) {
+				continue
+			}
+			for _, rp := range r.Ports {
+				if rp == port {
+					return r, true
+				}
+			}
+		}
+	}
+	return Rule{}, false
+}
+
+// Strings renders the rules back (for the API).
+func (p *Policy) Strings() []string {
+	out := make([]string, len(p.Rules))
+	for i, r := range p.Rules {
+		out[i] = r.String()
+	}
+	return out
+}

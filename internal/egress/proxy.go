@@ -1,0 +1,396 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/space-sandbox/space/internal/egress/policy"
+	"github.com/space-sandbox/space/internal/netns"
+)
+
+const (
+	maxHeader   = 32 << 10
+	openSniff   = 300 * time.Millisecond // open mode: a server-speaks-first protocol sends nothing
+	idleTimeout = 5 * time.Minute
+)
+
+// track registers a connection so that Detach can close it; false means
+// the sandbox is going away.
+func (s *sandbox) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		c.Close()
+		return false
+	}
+	s.open[c] = struct{}{}
+	return true
+}
+
+func (s *sandbox) untrack(c net.Conn) {
+	c.Close()
+	s.mu.Lock()
+	delete(s.open, c)
+	s.mu.Unlock()
+}
+
+func (s *sandbox) serveProxy() {
+	defer s.wg.Done()
+	for {
+		c, err := s.proxy.AcceptTCP()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case s.conns <- struct{}{}:
+		default:
+			c.SetLinger(0)
+			c.Close()
+			s.record(Decision{Proto: "tcp", Verdict: "deny", Reason: "overload"})
+			continue
+		}
+		if !s.track(c) {
+			<-s.conns
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-s.conns }()
+			defer s.untrack(c)
+			s.handle(c)
+		}()
+	}
+}
+
+// handle decides one connection from the sandbox and, if allowed, relays
+// it over a new upstream connection.
+func (s *sandbox) handle(c *net.TCPConn) {
+	pol := s.policy.Load()
+	orig, err := netns.OriginalDst(c)
+	d := Decision{Proto: "tcp", Verdict: "deny"}
+	deny := func(reason string) {
+		d.Reason = reason
+		s.record(d)
+		c.SetLinger(0) // RST: the sandbox learns nothing more
+	}
+	if err != nil {
+		deny("no_original_dst")
+		return
+	}
+	d.Dest, d.Port = orig.String(), orig.Port()
+	if pol == nil || pol.Mode == policy.Blocked {
+		deny("blocked") // before reading a byte; no upstream socket (R17)
+		return
+	}
+	br := bufio.NewReaderSize(c, 4096)
+	// First bytes: a ClientHello, an HTTP request head, or (open mode only)
+	// anything, or nothing for a server-speaks-first protocol.
+	wait := s.gw.cfg.HelloTimeout
+	if pol.Mode == policy.Open {
+		wait = openSniff
+	}
+	c.SetReadDeadline(time.Now().Add(wait))
+	first, err := br.Peek(1)
+	var (
+		name   string
+		replay []byte
+		req    *http.Request
+		hr     *headReader
+	)
+	switch {
+	case err != nil && pol.Mode == policy.Open && isTimeout(err):
+		// Nothing sent: an opaque stream to a public address.
+	case err != nil:
+		deny("no_request")
+		return
+	case first[0] == 0x16:
+		d.Proto = "tls"
+		c.SetReadDeadline(time.Now().Add(s.gw.cfg.HelloTimeout))
+		sni, raw, err := readClientHello(br)
+		if err != nil {
+			deny("bad_client_hello")
+			return
+		}
+		name, replay = sni, raw
+	default:
+		head, _ := br.Peek(8)
+		if !looksHTTP(head) {
+			if pol.Mode != policy.Open {
+				deny("unknown_protocol")
+				return
+			}
+			break // open mode: an opaque stream to a public address
+		}
+		d.Proto = "http"
+		c.SetReadDeadline(time.Now().Add(s.gw.cfg.HelloTimeout))
+		hr = newHeadReader(br)
+		r, err := hr.next()
+		if err != nil {
+			deny("bad_request")
+			return
+		}
+		if reason := checkRequest(r); reason != "" {
+			d.Name = r.Host
+			deny(reason)
+			return
+		}
+		req, name = r, r.Host
+	}
+	c.SetReadDeadline(time.Time{})
+	if name != "" {
+		canon, err := canonicalHost(name, orig.Port())
+		if err != nil {
+			d.Name = name
+			deny("bad_name")
+			return
+		}
+		name = canon
+	}
+	d.Name = name
+	dial := orig.Addr()
+	switch pol.Mode {
+	case policy.Allowlist:
+		if name == "" {
+			if d.Proto == "tls" {
+				deny("no_sni")
+			} else {
+				deny("no_host")
+			}
+			return
+		}
+		if policy.IsIPLiteral(name) {
+			deny("ip_literal")
+			return
+		}
+		rule, ok := pol.Allow(name, orig.Port())
+		if !ok {
+			deny("not_allowed")
+			return
+		}
+		d.Rule = rule.String()
+		// R6: the address must be one the gateway resolved for this very
+		// name for this sandbox; that is the address dialled.
+		if !s.pinned(name, dial) {
+			deny("not_resolved")
+			return
+		}
+	case policy.Open:
+		d.Rule = "open"
+	}
+	if s.gw.filter.internal(dial) {
+		deny("internal")
+		return
+	}
+	if s.policy.Load() != pol {
+		deny("policy_changed")
+		return
+	}
+	up, err := s.dial(netip.AddrPortFrom(dial, orig.Port()))
+	d.Dialled = netip.AddrPortFrom(dial, orig.Port()).String()
+	if err != nil {
+		deny("upstream_unreachable")
+		return
+	}
+	defer up.Close()
+	d.Verdict = "allow"
+	s.record(d)
+	if req != nil {
+		s.relayHTTP(c, hr, up, req, name, orig.Port())
+		return
+	}
+	if len(replay) > 0 {
+		if _, err := up.Write(replay); err != nil {
+			return
+		}
+	}
+	relay(c, br, up)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// dial connects upstream, checking the address once more at connect time.
+func (s *sandbox) dial(to netip.AddrPort) (net.Conn, error) {
+	s.count(func(st *Stats) { st.UpstreamSockets++ })
+	d := net.Dialer{Timeout: s.gw.cfg.DialTimeout, Control: func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil || s.gw.filter.internal(ap.Addr()) {
+			return fmt.Errorf("refusing to dial %s", address)
+		}
+		return nil
+	}}
+	ctx, cancel := context.WithTimeout(s.ctx, s.gw.cfg.DialTimeout)
+	defer cancel()
+	return d.DialContext(ctx, "tcp4", to.String())
+}
+
+// canonicalHost canonicalises a Host or SNI value; a port, if present,
+// must be the connection's.
+func canonicalHost(h string, port uint16) (string, error) {
+	host := h
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h, "]") {
+		p, err := strconv.ParseUint(h[i+1:], 10, 16)
+		if err != nil || uint16(p) != port {
+			return "", errors.New("port mismatch")
+		}
+		host = h[:i]
+	}
+	if strings.HasPrefix(host, "[") {
+		return "", errors.New("IPv6 literal")
+	}
+	return policy.Canonical(host)
+}
+
+var methods = []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE ", "CONNECT "}
+
+// looksHTTP reports whether the first bytes start an HTTP/1 request line.
+func looksHTTP(b []byte) bool {
+	for _, m := range methods {
+		n := min(len(b), len(m))
+		if n > 0 && string(b[:n]) == m[:n] {
+			return true
+		}
+	}
+	return false
+}
+
+// headReader reads requests from the sandbox, bounding each head to
+// maxHeader bytes while letting bodies stream.
+type headReader struct {
+	lim *limited
+	br  *bufio.Reader
+}
+
+func newHeadReader(src io.Reader) *headReader {
+	l := &limited{r: src}
+	return &headReader{lim: l, br: bufio.NewReaderSize(l, 4096)}
+}
+
+func (h *headReader) next() (*http.Request, error) {
+	h.lim.left = maxHeader
+	r, err := http.ReadRequest(h.br)
+	h.lim.left = -1
+	return r, err
+}
+
+type limited struct {
+	r    io.Reader
+	left int // < 0: unlimited
+}
+
+func (l *limited) Read(p []byte) (int, error) {
+	if l.left == 0 {
+		return 0, errors.New("request head too large")
+	}
+	if l.left > 0 && len(p) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	if l.left > 0 {
+		l.left -= n
+	}
+	return n, err
+}
+
+// checkRequest applies R9/R12 to one request: origin form (or an absolute
+// form naming the same authority), no CONNECT, no upgrades, one Host.
+func checkRequest(r *http.Request) string {
+	switch {
+	case r.Method == http.MethodConnect:
+		return "connect_denied"
+	case r.Host == "":
+		return "no_host"
+	case len(r.Header.Values("Host")) > 0:
+		return "duplicate_host"
+	case r.Header.Get("Upgrade") != "":
+		return "upgrade_denied"
+	case r.URL.IsAbs() && !strings.EqualFold(r.URL.Host, r.Host):
+		return "authority_mismatch"
+	}
+	return ""
+}
+
+// relayHTTP serves the connection request by request: every request's Host
+// must be the authorised name (R9), forwarding headers from the sandbox are
+// dropped, and each response is copied back.
+func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.Request, name string, port uint16) {
+	upr := bufio.NewReader(up)
+	for {
+		if reason := checkRequest(req); reason != "" {
+			s.record(Decision{Proto: "http", Name: req.Host, Port: port, Verdict: "deny", Reason: reason})
+			writeStatus(c, http.StatusForbidden)
+			return
+		}
+		h, err := canonicalHost(req.Host, port)
+		if err != nil || h != name {
+			s.record(Decision{Proto: "http", Name: req.Host, Port: port, Verdict: "deny", Reason: "host_mismatch"})
+			writeStatus(c, http.StatusMisdirectedRequest)
+			return
+		}
+		for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-For", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
+			req.Header.Del(k)
+		}
+		req.URL.Scheme, req.URL.Host = "", ""
+		if err := req.Write(up); err != nil {
+			return
+		}
+		up.SetReadDeadline(time.Now().Add(idleTimeout))
+		resp, err := http.ReadResponse(upr, req)
+		if err != nil {
+			writeStatus(c, http.StatusBadGateway)
+			return
+		}
+		err = resp.Write(c)
+		resp.Body.Close()
+		if err != nil || resp.Close || req.Close {
+			return
+		}
+		c.SetReadDeadline(time.Now().Add(idleTimeout))
+		next, err := hr.next()
+		if err != nil {
+			return
+		}
+		req = next
+	}
+}
+
+func writeStatus(c net.Conn, code int) {
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", code, http.StatusText(code))
+}
+
+// relay copies both ways until either side is done.
+func relay(c net.Conn, br *bufio.Reader, up net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(up, br)
+		if tc, ok := up.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(c, up)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}

