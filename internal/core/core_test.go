@@ -99,10 +99,24 @@ func TestEngineIdempotencyAndRecover(t *testing.T) {
 		<-block
 		return nil, nil
 	}
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(block) }) }
+	t.Cleanup(unblock) // runs before the engine's cleanup, so Shutdown cannot hang
 	a, _ := e.Submit(ctx, e.NewOperation("p", "x", "t"), "key", fn)
 	b, _ := e.Submit(ctx, e.NewOperation("p", "x", "t"), "key", fn)
 	if a.ID != b.ID {
 		t.Fatalf("same idempotency key gave two operations: %s %s", a.ID, b.ID)
+	}
+	// Wait until the work runs, so the "crash" below finds it running.
+	for i := 0; ; i++ {
+		got, _ := st.GetOperation(ctx, "p", a.ID)
+		if got.State == core.OpRunning {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("operation never ran: %+v", got)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	// A crash leaves it running; a new engine's Recover fails it.
 	e2 := core.NewEngine(context.Background(), st, core.NewBroker(st, time.Now), time.Now, t.Logf)
@@ -114,7 +128,7 @@ func TestEngineIdempotencyAndRecover(t *testing.T) {
 	if got.State != core.OpFailed || got.Error.Code != "interrupted" {
 		t.Fatalf("after recover: %+v", got)
 	}
-	close(block)
+	unblock()
 	e.Shutdown(ctx)
 	mu.Lock()
 	defer mu.Unlock()
