@@ -102,7 +102,7 @@ const (
 	FrameHeaderSize   = 13
 	MaxEventPayload   = 1 << 20
 	// MaxOutputChunk is the most output bytes the agent puts in one event.
-	MaxOutputChunk = 32 << 10
+	MaxOutputChunk = 256 << 10
 )
 
 // Health is the body of GET /health.

@@ -279,6 +279,9 @@ func (p *process) openFiles(spec ProcessSpec) (child []*os.File, err error) {
 		}
 		closers = append(closers, r, w)
 		child = append(child, w)
+		// A larger pipe lets a fast writer run on instead of blocking every
+		// 64 KiB; best effort (the host's pipe-max-size may be lower).
+		unix.FcntlInt(w.Fd(), unix.F_SETPIPE_SZ, outputPipeSize)
 		capacity, err := unix.FcntlInt(w.Fd(), unix.F_GETPIPE_SZ, 0)
 		if err != nil {
 			capacity = 1 << 20
@@ -382,8 +385,22 @@ func (p *process) readOutput(o *output) {
 		if err != nil {
 			return
 		}
+		// Batch bulk output, like Nagle: a writer that emits page-sized
+		// writes back to back (head, cat, most stdio) would otherwise
+		// cost one event per page all the way to the client. A short
+		// pause lets the pipe fill; line-sized interactive output is
+		// never delayed.
+		if n >= bulkWrite && n < len(buf) {
+			time.Sleep(bulkPause)
+		}
 	}
 }
+
+const (
+	outputPipeSize = 1 << 20
+	bulkWrite      = 4 << 10
+	bulkPause      = 250 * time.Microsecond
+)
 
 // wait collects the exit status, enforces the timeout, waits for the output
 // to be read and then appends the exit event: always the last event.

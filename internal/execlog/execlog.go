@@ -12,6 +12,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Event types mirror the agent's.
@@ -69,16 +71,20 @@ func (l *Log) Append(typ byte, data []byte) (uint64, error) {
 		return 0, nil
 	}
 	seq := uint64(len(l.offsets)) + 1
-	buf := make([]byte, headerLen+len(data))
-	binary.BigEndian.PutUint64(buf[0:8], seq)
-	buf[8] = typ
-	binary.BigEndian.PutUint32(buf[9:13], uint32(len(data)))
-	copy(buf[headerLen:], data)
-	if _, err := l.f.WriteAt(buf, l.size); err != nil {
-		return 0, fmt.Errorf("execlog: write: %w", err)
+	var hdr [headerLen]byte
+	binary.BigEndian.PutUint64(hdr[0:8], seq)
+	hdr[8] = typ
+	binary.BigEndian.PutUint32(hdr[9:13], uint32(len(data)))
+	// One vectored write: no copy of the payload, one syscall.
+	n, err := unix.Pwritev(int(l.f.Fd()), [][]byte{hdr[:], data}, l.size)
+	if err == nil && n != headerLen+len(data) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return 0, fmt.Errorf("execlog: write: %d of %d bytes: %w", n, headerLen+len(data), err)
 	}
 	l.offsets = append(l.offsets, l.size)
-	l.size += int64(len(buf))
+	l.size += int64(n)
 	if typ == Exit {
 		l.done = true
 	}
