@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,5 +45,31 @@ func HardenSelf() error {
 			return fmt.Errorf("agent: drop capability %d from the bounding set: %w", c, errno)
 		}
 	}
+	// In the background: it takes a few milliseconds that sandbox start-up
+	// should not wait for.
+	go reserveThreads(reservedThreads)
 	return nil
+}
+
+// reservedThreads is how many OS threads the agent creates up front.
+const reservedThreads = 12
+
+// reserveThreads makes the Go runtime create n OS threads now and keep them
+// idle. The agent shares the sandbox's pids limit with its commands: under a
+// fork bomb no new thread can be made, and a Go program that cannot get a
+// thread when it needs one dies. Threads parked by the runtime are reused,
+// never freed, so this is the agent's reserve.
+func reserveThreads(n int) {
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A blocking syscall pins its thread; the scheduler starts
+			// another for the goroutines still waiting to run.
+			ts := unix.NsecToTimespec(int64(20 * time.Millisecond))
+			unix.Nanosleep(&ts, nil)
+		}()
+	}
+	wg.Wait()
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/egress/policy"
@@ -72,6 +74,7 @@ var (
 	envKeyRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
 	metaKeyRE      = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,64}$`)
 	sandboxIDRE    = regexp.MustCompile(`^sbx-[0-9a-f]{16}$`)
+	credentialIDRE = regexp.MustCompile(`^cred-[0-9a-f]{16}$`)
 )
 
 // ValidSandboxID reports whether id has the shape of a sandbox id.
@@ -95,6 +98,9 @@ type Service struct {
 	broker  *Broker
 	runtime Runtime
 	opts    ServiceOptions
+
+	snapMu  sync.RWMutex // captures and restores (R) vs snapshot GC (W)
+	sbLocks sync.Map     // sandbox id → *sync.Mutex (pause, resume, snapshot)
 }
 
 // NewService wires a service.
@@ -189,6 +195,21 @@ func (s *Service) validateNetwork(p NetworkPolicy) (NetworkPolicy, error) {
 	if len(parsed.Rules) > 0 {
 		out.Allow = parsed.Strings()
 	}
+	if parsed, err = parsed.WithPassthrough(p.Passthrough); err != nil {
+		return NetworkPolicy{}, fmt.Errorf("network: %w", invalid("%v", err))
+	}
+	if len(parsed.Passthrough) > 0 {
+		out.Passthrough = parsed.PassthroughStrings()
+	}
+	if len(p.Credentials) > 32 {
+		return NetworkPolicy{}, invalid("network: at most 32 credentials")
+	}
+	for i, id := range p.Credentials {
+		if !credentialIDRE.MatchString(id) || slices.Contains(p.Credentials[:i], id) {
+			return NetworkPolicy{}, invalid("network: bad or repeated credential id %.40q", id)
+		}
+	}
+	out.Credentials = p.Credentials
 	if out.Mode != string(policy.Blocked) {
 		nr, ok := s.runtime.(NetworkRuntime)
 		if !ok || !nr.NetworkEnabled() {
@@ -201,6 +222,11 @@ func (s *Service) validateNetwork(p NetworkPolicy) (NetworkPolicy, error) {
 // Create records a sandbox and starts the operation that makes it. With an
 // idempotency key, a repeated request returns the first operation.
 func (s *Service) Create(ctx context.Context, projectID string, req CreateRequest, idemKey string) (Sandbox, Operation, error) {
+	return s.create(ctx, projectID, req, idemKey, "")
+}
+
+// create is Create; from names the snapshot a fork restores ("" = none).
+func (s *Service) create(ctx context.Context, projectID string, req CreateRequest, idemKey, from string) (Sandbox, Operation, error) {
 	if err := s.validate(&req); err != nil {
 		return Sandbox{}, Operation{}, err
 	}
@@ -214,7 +240,7 @@ func (s *Service) Create(ctx context.Context, projectID string, req CreateReques
 	sb := Sandbox{
 		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, State: SandboxCreating,
 		Env: req.Env, Metadata: req.Metadata, Limits: req.Limits, Node: s.opts.NodeName,
-		CreatedAt: now, UpdatedAt: now, Network: req.Network,
+		CreatedAt: now, UpdatedAt: now, Network: req.Network, Snapshot: from,
 	}
 	timeout := s.opts.DefaultTimeout
 	if req.TimeoutSeconds != nil {
@@ -224,7 +250,11 @@ func (s *Service) Create(ctx context.Context, projectID string, req CreateReques
 		exp := now.Add(timeout)
 		sb.ExpiresAt = &exp
 	}
-	op := s.engine.NewOperation(projectID, "sandbox.create", sb.ID)
+	kind := "sandbox.create"
+	if from != "" {
+		kind = "sandbox.fork"
+	}
+	op := s.engine.NewOperation(projectID, kind, sb.ID)
 	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
 	if err != nil {
 		return Sandbox{}, Operation{}, err
@@ -242,7 +272,11 @@ func (s *Service) Create(ctx context.Context, projectID string, req CreateReques
 
 func (s *Service) runCreate(ctx context.Context, sb Sandbox, progress Progress) (any, error) {
 	progress(5, "starting sandbox")
-	pl, err := s.runtime.StartSandbox(ctx, sb, progress)
+	start := s.runtime.StartSandbox
+	if sb.Snapshot != "" {
+		start = s.startFromSnapshot
+	}
+	pl, err := start(ctx, sb, progress)
 	if err != nil {
 		s.setTerminal(context.WithoutCancel(ctx), sb.ID, SandboxFailed, err.Error())
 		return nil, err
@@ -288,6 +322,16 @@ func (s *Service) publishState(ctx context.Context, sb Sandbox) {
 	}
 }
 
+// MarkLost records that a running sandbox died on its own and removes what
+// is left of it on the node.
+func (s *Service) MarkLost(ctx context.Context, id, reason string) {
+	s.opts.Logf("sandbox %s lost: %s", id, reason)
+	s.setTerminal(ctx, id, SandboxLost, reason)
+	if err := s.runtime.StopSandbox(ctx, id); err != nil {
+		s.opts.Logf("sandbox %s: clean up after loss: %v", id, err)
+	}
+}
+
 // Get returns a project's sandbox.
 func (s *Service) Get(ctx context.Context, projectID, id string) (Sandbox, error) {
 	if !ValidSandboxID(id) {
@@ -321,7 +365,7 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 		if cur.State == SandboxDeleted {
 			return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 		}
-		if cur.State == SandboxCreating || cur.State == SandboxRunning {
+		if cur.State == SandboxCreating || cur.State == SandboxRunning || cur.State == SandboxPaused {
 			cur.State = SandboxDeleting
 		}
 		cur.StateReason, cur.UpdatedAt = reason, s.opts.Now().UTC()
@@ -361,7 +405,14 @@ func (s *Service) SetTimeout(ctx context.Context, projectID, id string, seconds 
 		if cur.State.Terminal() || cur.State == SandboxDeleting {
 			return fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
 		}
-		if seconds == 0 {
+		if cur.State == SandboxPaused {
+			// The clock is stopped: set what will be left at resume.
+			cur.PausedRemainingMS = nil
+			if seconds > 0 {
+				ms := seconds * 1000
+				cur.PausedRemainingMS = &ms
+			}
+		} else if seconds == 0 {
 			cur.ExpiresAt = nil
 		} else {
 			exp := s.opts.Now().UTC().Add(time.Duration(seconds) * time.Second)
@@ -451,7 +502,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	if _, err := s.engine.Recover(ctx); err != nil {
 		return fmt.Errorf("recover operations: %w", err)
 	}
-	all, err := s.store.ListSandboxes(ctx, SandboxFilter{States: []SandboxState{SandboxCreating, SandboxRunning, SandboxDeleting}})
+	all, err := s.store.ListSandboxes(ctx, SandboxFilter{States: []SandboxState{SandboxCreating, SandboxRunning, SandboxDeleting, SandboxPaused}})
 	if err != nil {
 		return fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -461,7 +512,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			continue
 		}
 		switch sb.State {
-		case SandboxRunning:
+		case SandboxRunning, SandboxPaused:
 			if err := s.runtime.AdoptSandbox(ctx, sb); err != nil {
 				s.setTerminal(ctx, sb.ID, SandboxLost, "lost after server restart: "+err.Error())
 				continue
@@ -476,5 +527,5 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	if err := s.runtime.Sweep(ctx, keep); err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}
-	return nil
+	return s.reconcileSnapshots(ctx)
 }

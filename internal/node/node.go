@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent"
@@ -24,6 +25,7 @@ import (
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/egress/policy"
 	"github.com/space-sandbox/space/internal/execlog"
+	"github.com/space-sandbox/space/internal/snapshot"
 	"github.com/space-sandbox/space/internal/template"
 )
 
@@ -49,7 +51,14 @@ type Options struct {
 	// Network, if set, is the egress gateway of this node's sandboxes (the
 	// driver must set their networks up through it); nil = no network.
 	Network *egress.Network
-	Logf    func(string, ...any)
+	// OnLost is told when a running sandbox dies on its own (its PID 1
+	// exited), so the lifecycle can report it lost with the reason.
+	OnLost func(id, reason string)
+	Logf   func(string, ...any)
+
+	// SnapshotDir holds the snapshot store (chunks and manifests); default
+	// <parent of LogDir>/snapshots.
+	SnapshotDir string
 }
 
 // Node runs sandboxes on this host.
@@ -60,6 +69,7 @@ type Node struct {
 	sandboxes map[string]*Sandbox // by sandbox id
 	pool      map[string][]driver.Instance
 	poolWant  chan struct{}
+	snaps     *snapshot.Store
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -80,9 +90,16 @@ func New(o Options) (*Node, error) {
 	if err := os.MkdirAll(o.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node log dir: %w", err)
 	}
+	if o.SnapshotDir == "" {
+		o.SnapshotDir = filepath.Join(filepath.Dir(filepath.Clean(o.LogDir)), "snapshots")
+	}
+	snaps, err := snapshot.Open(o.SnapshotDir, o.Logf)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{o: o, sandboxes: map[string]*Sandbox{}, pool: map[string][]driver.Instance{},
-		poolWant: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+		poolWant: make(chan struct{}, 1), snaps: snaps, ctx: ctx, cancel: cancel}
 	return n, nil
 }
 
@@ -185,11 +202,20 @@ func (n *Node) HasTemplate(ctx context.Context, name string) error {
 
 // StartSandbox implements core.Runtime.
 func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
+	return n.startSandbox(ctx, sb, progress, nil)
+}
+
+// startSandbox starts sb; initLayer, if set, fills its writable layer
+// first (a restore), which rules out a warm-pool instance.
+func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress, initLayer func(context.Context, driver.Layer) error) (core.Placement, error) {
 	tpl, err := n.o.Templates.Get(sb.Template)
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
 	}
-	inst := n.claim(sb.Template)
+	var inst driver.Instance
+	if initLayer == nil {
+		inst = n.claim(sb.Template)
+	}
 	if inst != nil {
 		defer n.kickPool()
 		if err := inst.SetLimits(ctx, driverLimits(sb.Limits)); err != nil {
@@ -200,6 +226,7 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	} else {
 		inst, err = n.o.Driver.Create(ctx, driver.Spec{
 			ID: sb.ID, Hostname: "sandbox", RootfsDir: tpl.RootfsDir, Limits: driverLimits(sb.Limits),
+			InitLayer: initLayer,
 		})
 		if err != nil {
 			return core.Placement{}, fmt.Errorf("create sandbox: %w", err)
@@ -231,7 +258,32 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = h
 	n.mu.Unlock()
+	n.watch(h)
 	return core.Placement{Driver: n.o.Driver.Name(), Instance: inst.ID()}, nil
+}
+
+// watch reports a sandbox lost when its instance dies while this node still
+// runs it (a deliberate stop removes it from the map first).
+func (n *Node) watch(h *Sandbox) {
+	d, ok := h.inst.(interface{ Done() <-chan struct{} })
+	if !ok || n.o.OnLost == nil {
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-d.Done():
+		}
+		n.mu.Lock()
+		mine := n.sandboxes[h.ID] == h
+		n.mu.Unlock()
+		if mine {
+			n.o.OnLost(h.ID, "the sandbox's init process (its agent) exited")
+		}
+	}()
 }
 
 // StopSandbox implements core.Runtime.
@@ -243,6 +295,7 @@ func (n *Node) StopSandbox(ctx context.Context, id string) error {
 	if h == nil {
 		return nil
 	}
+	n.thaw(ctx, h) // a v1-frozen task would not even die
 	return h.destroy(ctx)
 }
 
@@ -260,6 +313,9 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 		n.o.Logf("sandbox %s: network policy: %v", sb.ID, err)
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	// A crash may have left it frozen (paused, or mid-snapshot): its agent
+	// must answer below; a paused one is frozen again after.
+	n.thaw(ctx, h)
 	// The previous process's command logs are not trustworthy (their index
 	// was in memory); start them again from what the agent still retains.
 	os.RemoveAll(h.logDir)
@@ -277,9 +333,16 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 			n.o.Logf("sandbox %s: follow command %s: %v", sb.ID, p.ID, err)
 		}
 	}
+	if sb.State == core.SandboxPaused {
+		if err := n.freeze(ctx, h); err != nil {
+			h.destroy(ctx)
+			return err
+		}
+	}
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = h
 	n.mu.Unlock()
+	n.watch(h)
 	return nil
 }
 
@@ -388,6 +451,9 @@ func (n *Node) Sandbox(id string) (*Sandbox, error) {
 	if h == nil {
 		return nil, fmt.Errorf("sandbox %s is not running here: %w", id, core.ErrNotFound)
 	}
+	if h.paused.Load() {
+		return nil, fmt.Errorf("sandbox %s is paused; resume it first: %w", id, core.ErrConflict)
+	}
 	return h, nil
 }
 
@@ -425,6 +491,8 @@ type Sandbox struct {
 	mu   sync.Mutex
 	cmds map[string]*Command
 	wg   sync.WaitGroup
+
+	paused atomic.Bool // frozen: the data plane is refused
 }
 
 func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbox {

@@ -23,9 +23,11 @@ import (
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/internal/driver/namespace"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/egress/credstore"
 	"github.com/space-sandbox/space/internal/netns"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/store/sqlite"
@@ -41,7 +43,8 @@ type Config struct {
 	Listen         string // control API address
 	DataListen     string // data plane address
 	DataURL        string // public data-plane URL handed to clients (default http://DataListen)
-	Driver         string // "namespace" or "auto"
+	Driver         string // "namespace", "gvisor" or "auto"
+	Runsc          string // runsc for the gvisor driver (default: the pinned build in /var/cache/space/runsc, then PATH)
 	AgentPath      string // the space binary, exec'd as each sandbox's PID 1
 	WarmPool       int
 	WarmTemplates  []string
@@ -63,6 +66,16 @@ type Config struct {
 type EgressConfig struct {
 	Links   netns.Config
 	Gateway egress.Config
+	// UpstreamCAFile names a PEM file of extra roots the gateway trusts
+	// when it verifies upstreams whose TLS it terminates (added to the
+	// system roots, or to Gateway.UpstreamRoots when that is set).
+	UpstreamCAFile string
+	// CredentialKeyFile holds the key that encrypts stored credentials
+	// (created if missing); empty: a key kept in the store's meta.
+	CredentialKeyFile string
+	// MetricsListen, if set, serves the gateway's Prometheus counters at
+	// /metrics on this address (no authentication: keep it private).
+	MetricsListen string
 }
 
 // DefaultConfig returns the settings `space server` uses with no flags.
@@ -89,6 +102,8 @@ type Server struct {
 	templates  *Templates
 	tm         *template.Manager
 	net        *egress.Network
+	creds      *credstore.Store
+	metrics    *http.Server
 	ctrl, data *http.Server
 	ctrlLn     net.Listener
 	dataLn     net.Listener
@@ -100,15 +115,33 @@ type Server struct {
 func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
 	want := cfg.Driver
 	if want == "" || want == "auto" {
-		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable); gvisor driver not built in yet"
+		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable)"
 		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
 			f.Close()
-			reason = "KVM present, but only the namespace driver is built in so far"
+			reason = "KVM present, but no VM driver is built in so far"
+		}
+		want = "namespace"
+		switch runsc, err := gvisor.FindRunsc(cfg.Runsc); {
+		case err != nil:
+			reason += "; gvisor unavailable: " + err.Error()
+		case network != nil:
+			reason += "; runsc found at " + runsc + ", but the gvisor driver has no egress network yet"
+		default:
+			d, err := newGvisor(cfg, logf)
+			if err == nil {
+				logf("driver: gvisor (%s; runsc found at %s)", reason, runsc)
+				return d, nil
+			}
+			reason += "; gvisor failed its checks: " + err.Error()
 		}
 		logf("driver: namespace (%s)", reason)
-		want = "namespace"
 	}
 	switch want {
+	case "gvisor":
+		if network != nil {
+			return nil, errors.New("driver gvisor: egress networks are not supported by this driver yet")
+		}
+		return newGvisor(cfg, logf)
 	case "namespace":
 		var hook func(ctx context.Context, id string, pid int) error
 		if network != nil {
@@ -133,6 +166,25 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 	default:
 		return nil, fmt.Errorf("driver %q is not available on this build/host", want)
 	}
+}
+
+// newGvisor makes the gvisor driver, its state beside the namespace
+// driver's and its sockets and runsc root below RunDir/gvisor.
+func newGvisor(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return gvisor.New(ctx, gvisor.Options{
+		Runsc:      cfg.Runsc,
+		CgroupBase: cgroupBase(cfg.DataDir) + "-gvisor",
+		StateDir:   filepath.Join(cfg.DataDir, "gvisor"),
+		RunDir:     filepath.Join(cfg.RunDir, "gvisor"),
+		AgentPath:  cfg.AgentPath,
+		UIDBase:    cfg.UIDBase,
+		UIDCount:   65536,
+		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		Logf: logf,
+	})
 }
 
 // cgroupBase names the cgroup directory of this server's sandboxes. The
@@ -214,7 +266,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if lc.Logf == nil {
 			lc.Logf = cfg.Logf
 		}
+		if gc.UpstreamRoots, err = upstreamRoots(gc.UpstreamRoots, cfg.Egress.UpstreamCAFile); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
 		if s.net, err = egress.NewNetwork(lc, gc); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+		if s.creds, err = openCredentials(ctx, cfg.DataDir, cfg.Egress.CredentialKeyFile, s.store, s.net.GW.Revoke); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+		if s.metrics, err = serveMetrics(cfg.Egress.MetricsListen, s.net.GW, cfg.Logf); err != nil {
 			return nil, fmt.Errorf("egress: %w", err)
 		}
 	}
@@ -239,7 +300,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		Network: s.net,
-		Logf:    cfg.Logf,
+		// The service is made below; sandboxes only die after Start returns.
+		OnLost: func(id, reason string) { s.svc.MarkLost(context.Background(), id, reason) },
+		Logf:   cfg.Logf,
 	})
 	if err != nil {
 		return nil, err
@@ -248,7 +311,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.cancel = cancel
 	broker := core.NewBroker(s.store, time.Now)
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
-	rt := &runtime{Node: s.node, t: s.templates}
+	var rt core.Runtime = &runtime{Node: s.node, t: s.templates}
+	if s.net != nil {
+		rt = &egressRuntime{runtime: rt.(*runtime), net: s.net, creds: s.creds, logf: cfg.Logf}
+	}
 	s.svc = core.NewService(s.store, s.engine, broker, rt, core.ServiceOptions{
 		DefaultTimeout: cfg.DefaultTimeout, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
 		NodeName: "local", Logf: cfg.Logf,
@@ -276,10 +342,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf})
 	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf})
-	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(api.Options{
+	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
-	})), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	}
+	if s.creds != nil {
+		apiOpts.Credentials = s.creds
+	}
+	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf})),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 	for _, p := range []struct {
@@ -335,7 +405,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 func (s *Server) closeAll(ctx context.Context) {
-	for _, h := range []*http.Server{s.ctrl, s.data} {
+	for _, h := range []*http.Server{s.ctrl, s.data, s.metrics} {
 		if h != nil {
 			h.Shutdown(ctx)
 		}

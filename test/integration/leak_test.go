@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -10,6 +12,13 @@ import (
 	"testing"
 	"time"
 )
+
+// cgroupBase is the cgroup directory name the server uses for its
+// sandboxes (internal/server derives it from the data dir the same way).
+func (e *env) cgroupBase() string {
+	sum := sha256.Sum256([]byte(filepath.Clean(e.dataDir)))
+	return "space-" + hex.EncodeToString(sum[:4])
+}
 
 // leaks lists what sandboxes left on the host: mounts, cgroups, processes
 // in the sandbox uid range, state files and sockets.
@@ -28,7 +37,7 @@ func (e *env) leaks() []string {
 		if strings.Count(p, "/") > 10 {
 			return filepath.SkipDir
 		}
-		if strings.HasPrefix(filepath.Base(filepath.Dir(p)), "space") && strings.HasPrefix(filepath.Base(p), "sbx-") {
+		if filepath.Base(filepath.Dir(p)) == e.cgroupBase() && strings.HasPrefix(filepath.Base(p), "sbx-") {
 			out = append(out, "cgroup: "+p)
 			return filepath.SkipDir
 		}
@@ -46,7 +55,10 @@ func (e *env) leaks() []string {
 		for _, line := range strings.Split(string(st), "\n") {
 			if strings.HasPrefix(line, "Uid:") {
 				uid, _ := strconv.Atoi(strings.Fields(line)[1])
-				if uid >= 100000 && uid < 165536 {
+				cg, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cgroup"))
+				// Only this server's sandboxes: other servers may run on the
+				// host at the same time (their cgroup base differs).
+				if uid >= 100000 && uid < 165536 && strings.Contains(string(cg), "/"+e.cgroupBase()+"/") {
 					cmd, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
 					out = append(out, fmt.Sprintf("process %s uid %d: %q", d.Name(), uid, cmd))
 				}
@@ -189,4 +201,44 @@ func killSandboxProcesses(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
+}
+
+// TestLostAtRuntime kills a sandbox's PID 1 from the host while the server
+// runs: the sandbox must be reported lost with a reason, and cleaned up.
+func TestLostAtRuntime(t *testing.T) {
+	e := need(t)
+	sb := e.create(t, nil)
+	killed := false
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmd), "--init") || !strings.Contains(string(cmd), sb.ID) {
+			continue
+		}
+		pid, _ := strconv.Atoi(d.Name())
+		if p, err := os.FindProcess(pid); err == nil && p.Kill() == nil {
+			killed = true
+		}
+	}
+	if !killed {
+		t.Fatalf("no PID 1 found for %s", sb.ID)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, m, _ := e.call("GET", "/v1/sandboxes/"+sb.ID, e.key, nil)
+		if m["state"] == "lost" {
+			if m["state_reason"] == "" {
+				t.Fatalf("lost without a reason: %v", m)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox whose PID 1 died is still %v", m["state"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if st, _, _ := sb.dp("GET", "/commands", nil); st != 404 {
+		t.Fatalf("data plane still serves a lost sandbox: %d", st)
+	}
+	e.noLeaks(t)
 }
