@@ -687,6 +687,8 @@ const templateUsage = `usage: space template <verb> [flags]
 verbs:
   list
   build NAME --source busybox|debian [--packages a,b] [--env K=V]... [--cwd DIR] [--user U] [--wait=true]
+  build NAME --image REF [--env K=V]... [--cwd DIR] [--user U]   (pulled by the server from a registry)
+  build NAME --archive PATH                  (docker-archive or OCI-layout tarball, uploaded to the server)
   build NAME --dir PATH | --tar PATH [--data-dir /var/lib/space] [--uid-base 100000]
         (builds from a host directory or tarball run on the server machine, with the
          server stopped: the server holds the template directory while it runs)
@@ -765,14 +767,16 @@ func templateBuild(args []string) error {
 	wait := fs.Bool("wait", true, "wait for the build to finish")
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
 	dir := fs.String("dir", "", "build locally from this host directory (run on the server machine)")
-	tarPath := fs.String("tar", "", "build locally from this rootfs/OCI/docker-archive tarball (run on the server machine)")
+	tarPath := fs.String("tar", "", "build locally from this rootfs tarball (run on the server machine)")
+	image := fs.String("image", "", "registry reference of an OCI/Docker image, pulled by the server")
+	archive := fs.String("archive", "", "docker-archive or OCI-layout tarball to upload and build from")
 	dataDir := fs.String("data-dir", "/var/lib/space", "server state directory (local builds)")
 	uidBase := fs.Uint("uid-base", 100000, "host uid of root in sandboxes; must match the server (local builds)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, 1, "NAME --source busybox|debian | --dir PATH | --tar PATH"); err != nil {
+	if err := wantArgs(fs, pos, 1, "NAME --source busybox|debian | --image REF | --archive PATH | --dir PATH | --tar PATH"); err != nil {
 		return err
 	}
 	name := pos[0]
@@ -780,13 +784,19 @@ func templateBuild(args []string) error {
 		return fmt.Errorf("template name %q must match %s", name, templateNameRE)
 	}
 	n := 0
-	for _, s := range []string{*source, *dir, *tarPath} {
+	for _, s := range []string{*source, *dir, *tarPath, *image, *archive} {
 		if s != "" {
 			n++
 		}
 	}
 	if n != 1 {
-		return errors.New("give exactly one of --source, --dir or --tar")
+		return errors.New("give exactly one of --source, --image, --archive, --dir or --tar")
+	}
+	if *image != "" || *archive != "" {
+		if len(pkgs) > 0 {
+			return errors.New("--packages only applies to --source debian")
+		}
+		*source = "image"
 	}
 	ctx, stop := signalContext()
 	defer stop()
@@ -803,17 +813,33 @@ func templateBuild(args []string) error {
 			Defaults: template.Defaults{Env: env, Cwd: *cwd, User: *user},
 		})
 	}
-	if *source != "busybox" && *source != "debian" {
-		return fmt.Errorf("--source must be busybox or debian (use --dir or --tar for local files), not %q", *source)
+	if *source != "busybox" && *source != "debian" && *source != "image" {
+		return fmt.Errorf("--source must be busybox or debian (use --image or --archive for images, --dir or --tar for local files), not %q", *source)
 	}
 	c, err := cl.client()
 	if err != nil {
 		return err
 	}
-	op, err := c.BuildTemplate(ctx, client.TemplateBuildRequest{Name: name, Source: *source, Packages: pkgs,
-		Env: env, Cwd: *cwd, User: *user}, *idem)
-	if err != nil {
-		return err
+	var op client.Operation
+	if *archive != "" {
+		if len(env) > 0 || *cwd != "" || *user != "" {
+			return errors.New("--archive takes its env, cwd and user from the image config")
+		}
+		f, err := os.Open(*archive)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		op, err = c.UploadTemplate(ctx, name, f, *idem)
+		if err != nil {
+			return err
+		}
+	} else {
+		op, err = c.BuildTemplate(ctx, client.TemplateBuildRequest{Name: name, Source: *source, Packages: pkgs,
+			Image: *image, Env: env, Cwd: *cwd, User: *user}, *idem)
+		if err != nil {
+			return err
+		}
 	}
 	if !*wait {
 		if cl.json {

@@ -37,13 +37,18 @@ func runServer(args []string) error {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "control API address")
 	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address")
 	fs.StringVar(&cfg.DataURL, "data-url", "", "public data-plane URL given to clients (default http://<data-listen>)")
-	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|namespace")
+	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|gvisor|namespace")
+	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: scripts/runsc.sh's pinned build, then PATH)")
 	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
 	builtins := fs.String("builtins", strings.Join(cfg.Builtins, ","), "builtin templates to build at start if missing (minimal,base)")
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "sandbox timeout when a create request names none (0 = none)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "lifetime of data-plane session tokens")
+	eg := egressFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := eg.apply(&cfg); err != nil {
 		return err
 	}
 	cfg.WarmTemplates = splitList(*warm)

@@ -10,8 +10,11 @@ import (
 	_ "embed"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,6 +44,18 @@ type Options struct {
 	SessionTTL time.Duration // lifetime of issued session tokens
 	Logf       func(string, ...any)
 	Now        func() time.Time
+
+	// Credentials is the egress credential store (nil: no egress gateway).
+	Credentials Credentials
+}
+
+// Credentials stores a project's egress credentials. Secrets go in and
+// never come out.
+type Credentials interface {
+	CreateCredential(ctx context.Context, projectID string, req core.CredentialRequest) (core.Credential, error)
+	ListCredentials(ctx context.Context, projectID string) ([]core.Credential, error)
+	GetCredential(ctx context.Context, projectID, id string) (core.Credential, error)
+	DeleteCredential(ctx context.Context, projectID, id string) error
 }
 
 // Server is the control API handler.
@@ -68,12 +83,23 @@ var routes = []route{
 	{"POST", "/v1/sandboxes/{id}/session", false, (*Server).newSession},
 	{"PUT", "/v1/sandboxes/{id}/network", false, (*Server).setNetwork},
 	{"GET", "/v1/sandboxes/{id}/network/log", false, (*Server).networkLog},
+	{"POST", "/v1/sandboxes/{id}/pause", false, (*Server).pauseSandbox},
+	{"POST", "/v1/sandboxes/{id}/resume", false, (*Server).resumeSandbox},
+	{"POST", "/v1/sandboxes/{id}/snapshots", false, (*Server).createSnapshot},
+	{"GET", "/v1/snapshots", false, (*Server).listSnapshots},
+	{"GET", "/v1/snapshots/{id}", false, (*Server).getSnapshot},
+	{"DELETE", "/v1/snapshots/{id}", false, (*Server).deleteSnapshot},
+	{"POST", "/v1/snapshots/{id}/fork", false, (*Server).forkSnapshot},
+	{"POST", "/v1/credentials", false, (*Server).createCredential},
+	{"GET", "/v1/credentials", false, (*Server).listCredentials},
+	{"DELETE", "/v1/credentials/{id}", false, (*Server).deleteCredential},
 	{"GET", "/v1/operations/{id}", false, (*Server).getOperation},
 	{"GET", "/v1/operations/{id}/events", false, (*Server).operationEvents},
 	{"GET", "/v1/events", false, (*Server).events},
 	{"GET", "/v1/templates", false, (*Server).listTemplates},
 	{"GET", "/v1/templates/{name}", false, (*Server).getTemplate},
 	{"POST", "/v1/templates", false, (*Server).buildTemplate},
+	{"POST", "/v1/templates/upload", false, (*Server).uploadTemplate},
 	{"GET", "/v1/keys", false, (*Server).listKeys},
 	{"POST", "/v1/keys", false, (*Server).createKey},
 	{"DELETE", "/v1/keys/{id}", false, (*Server).revokeKey},
@@ -170,6 +196,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Pr
 	if err := httpx.DecodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if err := s.checkCredentials(r.Context(), p.ProjectID, req.Network); err != nil {
+		return err
+	}
 	sb, op, err := s.o.Service.Create(r.Context(), p.ProjectID, req, r.Header.Get("Idempotency-Key"))
 	if err != nil {
 		return err
@@ -187,7 +216,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Pr
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			switch v := core.SandboxState(one); v {
-			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost:
+			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost, core.SandboxPaused:
 				f.States = append(f.States, v)
 			default:
 				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown state %.32q", one)
@@ -288,6 +317,9 @@ func (s *Server) newSession(w http.ResponseWriter, r *http.Request, p auth.Princ
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	var req core.NetworkPolicy
 	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.checkCredentials(r.Context(), p.ProjectID, &req); err != nil {
 		return err
 	}
 	sb, err := s.o.Service.SetNetwork(r.Context(), p.ProjectID, r.PathValue("id"), req)
@@ -490,8 +522,20 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 	if err := httpx.DecodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.Source != "busybox" && req.Source != "debian" {
-		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", `source must be "busybox" or "debian" (build from a directory or tarball with the CLI on the server)`)
+	switch req.Source {
+	case "busybox", "debian":
+		if req.Image != "" {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", `image only applies to source "image"`)
+		}
+	case "image":
+		if req.Image == "" || len(req.Image) > 512 || strings.ContainsAny(req.Image, " \t\r\n\x00") {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "image must be a registry reference such as docker.io/library/alpine:3.20")
+		}
+		if len(req.Packages) > 0 {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", `packages only apply to source "debian"`)
+		}
+	default:
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", `source must be "busybox", "debian" or "image" (upload a docker-archive or OCI-layout tarball to POST /v1/templates/upload; build from a directory with the CLI on the server)`)
 	}
 	if len(req.Packages) > 200 {
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "at most 200 packages")
@@ -513,6 +557,52 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 	}
 	w.Header().Set("Location", "/v1/operations/"+op.ID)
 	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": op})
+	return nil
+}
+
+// maxTemplateUpload bounds an uploaded image archive; the template builder
+// bounds what it may unpack separately.
+const maxTemplateUpload = 8 << 30
+
+// uploadTemplate builds a template from a docker-archive or OCI-layout
+// tarball sent as the request body (?name=NAME). The body is spooled to a
+// private temp file that lives as long as the build.
+func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	name := r.URL.Query().Get("name")
+	if !templateNameRE.MatchString(name) {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "name must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+	}
+	f, err := os.CreateTemp("", "space-template-upload-")
+	if err != nil {
+		return fmt.Errorf("template upload: %w", err)
+	}
+	path := f.Name()
+	_, err = io.Copy(f, http.MaxBytesReader(w, r.Body, maxTemplateUpload))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return httpx.Errorf(http.StatusRequestEntityTooLarge, "body_too_large", "archive larger than %d bytes", int64(maxTemplateUpload))
+		}
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "reading the archive: %v", err)
+	}
+	req := core.TemplateBuildRequest{Name: name, Source: "archive", Path: path}
+	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
+	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
+		defer os.Remove(path)
+		return s.o.Templates.BuildTemplate(ctx, req, progress)
+	})
+	if err != nil || got.ID != op.ID {
+		os.Remove(path) // not run: an error, or a replay of an earlier upload
+	}
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/operations/"+got.ID)
+	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": got})
 	return nil
 }
 
@@ -556,4 +646,76 @@ func sandboxOf(op core.Operation) string {
 		return op.Target
 	}
 	return ""
+}
+
+// checkCredentials makes sure every credential a policy attaches exists in
+// the caller's project, before anything is stored.
+func (s *Server) checkCredentials(ctx context.Context, projectID string, n *core.NetworkPolicy) error {
+	if n == nil || len(n.Credentials) == 0 {
+		return nil
+	}
+	if s.o.Credentials == nil {
+		return httpx.Errorf(http.StatusServiceUnavailable, "unavailable", "credentials need the egress gateway (space server --egress)")
+	}
+	for _, id := range n.Credentials {
+		if _, err := s.o.Credentials.GetCredential(ctx, projectID, id); err != nil {
+			if errors.Is(err, core.ErrNotFound) {
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "network: unknown credential %.40q", id)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Server) credentials() (Credentials, error) {
+	if s.o.Credentials == nil {
+		return nil, httpx.Errorf(http.StatusServiceUnavailable, "unavailable", "credentials need the egress gateway (space server --egress)")
+	}
+	return s.o.Credentials, nil
+}
+
+func (s *Server) createCredential(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	cs, err := s.credentials()
+	if err != nil {
+		return err
+	}
+	var req core.CredentialRequest
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	c, err := cs.CreateCredential(r.Context(), p.ProjectID, req)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusCreated, c)
+	return nil
+}
+
+func (s *Server) listCredentials(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	cs, err := s.credentials()
+	if err != nil {
+		return err
+	}
+	list, err := cs.ListCredentials(r.Context(), p.ProjectID)
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		list = []core.Credential{}
+	}
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"credentials": list})
+	return nil
+}
+
+func (s *Server) deleteCredential(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	cs, err := s.credentials()
+	if err != nil {
+		return err
+	}
+	if err := cs.DeleteCredential(r.Context(), p.ProjectID, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

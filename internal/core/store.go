@@ -43,5 +43,17 @@ type Store interface {
 	// EventsAfter returns up to limit events of a project with Seq > after.
 	EventsAfter(ctx context.Context, projectID string, after int64, limit int) ([]Event, error)
 
+	// CreateSnapshotOp stores a new snapshot record and the operation that
+	// captures it in one transaction, like CreateSandboxOp.
+	CreateSnapshotOp(ctx context.Context, snap Snapshot, op Operation, idemKey string) (Operation, bool, error)
+	GetSnapshot(ctx context.Context, projectID, id string) (Snapshot, error) // projectID "" = any
+	// ListSnapshots lists snapshots oldest first.
+	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error)
+	// UpdateSnapshot applies fn to the current record inside one transaction.
+	UpdateSnapshot(ctx context.Context, id string, fn func(*Snapshot) error) (Snapshot, error)
+	// DeleteSnapshot removes a snapshot record; ErrConflict while another
+	// snapshot (creating or ready) names it as its parent.
+	DeleteSnapshot(ctx context.Context, projectID, id string) error
+
 	Close() error
 }

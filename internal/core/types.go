@@ -68,6 +68,11 @@ type Sandbox struct {
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Network is the egress policy; nil means blocked.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// PausedRemainingMS is, while paused, how much of the timeout is left
+	// (the clock stops while paused); nil = no timeout.
+	PausedRemainingMS *int64 `json:"paused_remaining_ms,omitempty"`
+	// Snapshot is the snapshot this sandbox was restored or forked from.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // NetworkPolicy is a sandbox's egress policy: mode "blocked" (the default:
@@ -77,6 +82,47 @@ type Sandbox struct {
 type NetworkPolicy struct {
 	Mode  string   `json:"mode"`
 	Allow []string `json:"allow,omitempty"`
+	// Passthrough lists allowlisted names (rule syntax) whose TLS is
+	// relayed as is; all other allowlisted TLS is terminated by the
+	// gateway with the sandbox's own CA.
+	Passthrough []string `json:"passthrough,omitempty"`
+	// Credentials are ids of the project's credentials attached to the
+	// sandbox: the gateway substitutes their placeholders on requests to
+	// their bound hosts.
+	Credentials []string `json:"credentials,omitempty"`
+}
+
+// Credential is a secret stored by the platform (encrypted at rest) and
+// bound to one upstream slot. The secret itself is never returned; a
+// sandbox that has it attached sends Placeholder in its place.
+type Credential struct {
+	ID          string    `json:"id"`
+	ProjectID   string    `json:"project_id"`
+	Name        string    `json:"name,omitempty"`
+	Host        string    `json:"host"`
+	Port        uint16    `json:"port"`
+	Header      string    `json:"header"`
+	Prefix      string    `json:"prefix,omitempty"`
+	Methods     []string  `json:"methods,omitempty"`
+	PathPrefix  string    `json:"path_prefix,omitempty"`
+	Env         string    `json:"env,omitempty"`
+	Placeholder string    `json:"placeholder"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// CredentialRequest creates a credential.
+type CredentialRequest struct {
+	Name       string   `json:"name,omitempty"`
+	Secret     string   `json:"secret"`
+	Host       string   `json:"host"`
+	Port       uint16   `json:"port,omitempty"`        // default 443
+	Header     string   `json:"header,omitempty"`      // default Authorization
+	Prefix     string   `json:"prefix,omitempty"`      // e.g. "Bearer "
+	Methods    []string `json:"methods,omitempty"`     // default: any but TRACE, OPTIONS, CONNECT
+	PathPrefix string   `json:"path_prefix,omitempty"` // default: any path
+	// Env, if set, names an environment variable that sandboxes created
+	// with this credential attached get, holding the placeholder.
+	Env string `json:"env,omitempty"`
 }
 
 // NetworkDecision is one entry of a sandbox's egress decision log.
@@ -91,6 +137,7 @@ type NetworkDecision struct {
 	Verdict string    `json:"verdict"`
 	Rule    string    `json:"rule,omitempty"`
 	Reason  string    `json:"reason,omitempty"`
+	TLS     string    `json:"tls,omitempty"` // terminated or passthrough
 }
 
 // NetworkLog is a page of the decision log plus the sandbox's counters.
@@ -175,16 +222,20 @@ type TemplateInfo struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	User      string            `json:"user,omitempty"`
+	Cmd       []string          `json:"cmd,omitempty"` // start command from an image (entrypoint + cmd)
 	CreatedAt time.Time         `json:"created_at"`
 }
 
 // TemplateBuildRequest asks the server to build a template. Over the API only
-// self-contained sources are allowed ("busybox", "debian"); local directories
-// and tarballs are built by the admin CLI on the server's machine.
+// self-contained sources are allowed ("busybox", "debian", "image" with a
+// registry reference) plus uploaded image archives ("archive", Path set by
+// the server); local directories and tarballs are built by the admin CLI on
+// the server's machine.
 type TemplateBuildRequest struct {
 	Name     string            `json:"name"`
 	Source   string            `json:"source"`
 	Packages []string          `json:"packages,omitempty"`
+	Image    string            `json:"image,omitempty"` // registry reference (source "image")
 	Path     string            `json:"-"`
 	Env      map[string]string `json:"env,omitempty"`
 	Cwd      string            `json:"cwd,omitempty"`

@@ -34,6 +34,11 @@ type Spec struct {
 	// files are owned by the node's shifted uid range (see namespace driver).
 	RootfsDir string
 	Limits    Limits
+	// InitLayer, if set, fills the sandbox's empty writable layer before
+	// anything runs in the sandbox (restore and fork from a snapshot).
+	// Drivers without a host-side writable layer fail Create with
+	// ErrUnsupported when it is set.
+	InitLayer func(ctx context.Context, l Layer) error
 }
 
 // Timing breaks down where create time went, for benchmarks and logs.
@@ -79,4 +84,44 @@ type Driver interface {
 	// Sweep removes host-side leftovers of every sandbox the driver knows of
 	// on disk whose id is not in keep. It is the leak safety net run at start.
 	Sweep(ctx context.Context, keep map[string]bool) error
+}
+
+// Pauser is implemented by instances that can stop every process of the
+// sandbox at once and continue them exactly where they were (a freezer;
+// VM pause). Both calls are idempotent.
+type Pauser interface {
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+}
+
+// Layer is a sandbox's writable layer as a directory on the host (the
+// overlay upper dir for namespaces). Files in it carry host ids: sandbox id
+// n is host id UIDBase+n for n < UIDCount.
+type Layer struct {
+	Dir               string
+	UIDBase, UIDCount uint32
+}
+
+// LayerInstance is implemented by instances whose writable layer is a host
+// directory. The node reads it only while the instance is paused, and never
+// follows a link inside it.
+type LayerInstance interface {
+	WritableLayer() (Layer, error)
+}
+
+// As finds an optional interface T on inst or on the instances it wraps
+// (wrappers expose theirs with Unwrap() Instance).
+func As[T any](inst Instance) (T, bool) {
+	for i := 0; i < 8 && inst != nil; i++ {
+		if t, ok := inst.(T); ok {
+			return t, true
+		}
+		u, ok := inst.(interface{ Unwrap() Instance })
+		if !ok {
+			break
+		}
+		inst = u.Unwrap()
+	}
+	var zero T
+	return zero, false
 }

@@ -8,6 +8,7 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -282,7 +283,7 @@ const clientID = "space"
 // visible "creating" state (create answers once it runs), and killed or
 // failed sandboxes are gone.
 func alive(sb core.Sandbox) bool {
-	return sb.State == core.SandboxRunning || sb.State == core.SandboxCreating
+	return sb.State == core.SandboxRunning || sb.State == core.SandboxCreating || sb.State == core.SandboxPaused
 }
 
 func (a *API) listed(sb core.Sandbox) listedSandbox {
@@ -298,10 +299,14 @@ func (a *API) listed(sb core.Sandbox) listedSandbox {
 	if md == nil {
 		md = map[string]string{}
 	}
+	state := "running"
+	if sb.State == core.SandboxPaused {
+		state = "paused"
+	}
 	return listedSandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, ClientID: clientID, CPUCount: cpu,
 		MemoryMB: sb.Limits.MemoryBytes >> 20, EnvdVersion: EnvdVersion, Metadata: md,
-		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: "running",
+		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: state,
 	}
 }
 
@@ -497,6 +502,12 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	if err != nil {
 		return err
 	}
+	// E2B's connect resumes a paused sandbox.
+	if sb.State == core.SandboxPaused {
+		if sb, err = a.runOp(r, p, sb, a.o.Service.Resume); err != nil {
+			return err
+		}
+	}
 	if sb, err = a.extend(r, sb, secs); err != nil {
 		return err
 	}
@@ -504,18 +515,57 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	return nil
 }
 
+// runOp runs a pause or resume operation and waits for it (E2B's calls are
+// synchronous).
+func (a *API) runOp(r *http.Request, p auth.Principal, sb core.Sandbox,
+	start func(ctx context.Context, projectID, id, idemKey string) (core.Operation, error)) (core.Sandbox, error) {
+	op, err := start(r.Context(), p.ProjectID, sb.ID, "")
+	if err != nil {
+		return sb, err
+	}
+	if op, err = a.o.Engine.Wait(r.Context(), p.ProjectID, op.ID, killWait); err != nil {
+		return sb, err
+	}
+	if op.State != core.OpSucceeded {
+		msg := "operation did not finish"
+		if op.Error != nil {
+			msg = op.Error.Message
+		}
+		return sb, errf(http.StatusInternalServerError, "%s", msg)
+	}
+	return a.o.Service.Get(r.Context(), p.ProjectID, sb.ID)
+}
+
+// pause freezes the sandbox in place (SPACE keeps a paused sandbox's
+// processes in memory; the timeout clock stops).
 func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	if _, err := a.lookup(r, p); err != nil {
+	sb, err := a.lookup(r, p)
+	if err != nil {
 		return err
 	}
-	return errf(http.StatusConflict, "pause is not supported yet: SPACE has no snapshots; the sandbox keeps running")
+	if sb.State == core.SandboxPaused {
+		return errf(http.StatusConflict, "sandbox %s is already paused", sb.ID)
+	}
+	if _, err := a.runOp(r, p, sb, a.o.Service.Pause); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	if _, err := a.lookup(r, p); err != nil {
+	sb, err := a.lookup(r, p)
+	if err != nil {
 		return err
 	}
-	return errf(http.StatusConflict, "sandbox is already running")
+	if sb.State != core.SandboxPaused {
+		return errf(http.StatusConflict, "sandbox is already running")
+	}
+	if sb, err = a.runOp(r, p, sb, a.o.Service.Resume); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, a.sandboxResp(sb, ""))
+	return nil
 }
 
 func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) error {

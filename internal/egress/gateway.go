@@ -17,6 +17,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -54,7 +55,10 @@ type Config struct {
 	// HelloTimeout bounds how long a sandbox may take to send the first
 	// bytes (ClientHello or request head) of a connection (10s).
 	HelloTimeout time.Duration
-	Logf         func(string, ...any)
+	// UpstreamRoots verifies the certificates of upstreams whose TLS the
+	// gateway terminates (nil: the host's system roots).
+	UpstreamRoots *x509.CertPool
+	Logf          func(string, ...any)
 }
 
 // Decision is one entry of a sandbox's decision log (R19).
@@ -69,6 +73,7 @@ type Decision struct {
 	Verdict string    `json:"verdict"`           // allow or deny
 	Rule    string    `json:"rule,omitempty"`
 	Reason  string    `json:"reason,omitempty"`
+	TLS     string    `json:"tls,omitempty"` // terminated or passthrough
 }
 
 // Stats are a sandbox's gateway counters.
@@ -82,8 +87,9 @@ type Stats struct {
 
 // Gateway serves every sandbox of a node.
 type Gateway struct {
-	cfg    Config
-	filter *ipFilter
+	cfg     Config
+	filter  *ipFilter
+	metrics metrics
 
 	mu  sync.Mutex
 	sbx map[string]*sandbox
@@ -147,6 +153,8 @@ type sandbox struct {
 	gw     *Gateway
 	addr   netip.Addr // its GW address
 	policy atomic.Pointer[policy.Policy]
+	creds  atomic.Pointer[credSet]
+	ca     *sandboxCA
 
 	udp   *net.UDPConn
 	dnsLn *net.TCPListener
@@ -176,6 +184,11 @@ func (g *Gateway) Attach(id string, gwAddr netip.Addr) (err error) {
 		pins: map[netip.Addr]map[string]time.Time{}, open: map[net.Conn]struct{}{}}
 	s.bkt = bucket{rate: float64(g.cfg.DNSQPS), burst: float64(2 * g.cfg.DNSQPS), tokens: float64(2 * g.cfg.DNSQPS), last: time.Now()}
 	s.policy.Store(&policy.Policy{Mode: policy.Blocked})
+	s.creds.Store(&credSet{})
+	if s.ca, err = newSandboxCA(id); err != nil {
+		cancel()
+		return fmt.Errorf("egress: %s: CA: %w", id, err)
+	}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -336,11 +349,14 @@ func (s *sandbox) record(d Decision) {
 		s.log = s.log[:len(s.log)-1]
 	}
 	s.log = append(s.log, d)
+	s.gw.metrics.decision(d)
 	if d.Proto != "dns" {
 		if d.Verdict == "allow" {
 			s.stats.ConnsAllowed++
+			s.gw.metrics.add(func(st *Stats) { st.ConnsAllowed++ })
 		} else {
 			s.stats.ConnsDenied++
+			s.gw.metrics.add(func(st *Stats) { st.ConnsDenied++ })
 		}
 	}
 }
@@ -349,6 +365,7 @@ func (s *sandbox) count(f func(*Stats)) {
 	s.mu.Lock()
 	f(&s.stats)
 	s.mu.Unlock()
+	s.gw.metrics.add(f)
 }
 
 // pinTTL is how long a resolution authorises connections to its addresses,

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -206,10 +207,31 @@ func (s *sandbox) handle(c *net.TCPConn) {
 		return
 	}
 	defer up.Close()
+	if d.Proto == "tls" && name != "" && s.terminate(pol, name, orig.Port()) {
+		// R10: the gateway's own TLS upstream, verified for the
+		// authorised name, before the sandbox's handshake completes.
+		d.TLS = "terminated"
+		upTLS, err := s.upstreamTLS(up, name)
+		if err != nil {
+			s.gw.cfg.Logf("egress: %s: upstream TLS %s (%s): %v", s.id, name, d.Dialled, err)
+			deny("upstream_tls")
+			return
+		}
+		d.Verdict = "allow"
+		s.record(d)
+		// Credentials need the address to be one the gateway resolved for
+		// this name (in allowlist mode it always is; in open mode the
+		// sandbox chose it).
+		s.serveTerminated(c, io.MultiReader(bytes.NewReader(replay), br), upTLS, pol, name, orig.Port(), s.pinned(name, dial))
+		return
+	}
+	if d.Proto == "tls" {
+		d.TLS = "passthrough"
+	}
 	d.Verdict = "allow"
 	s.record(d)
 	if req != nil {
-		s.relayHTTP(c, hr, up, req, name, orig.Port())
+		s.relayHTTP(c, hr, up, req, name, orig.Port(), nil)
 		return
 	}
 	if len(replay) > 0 {
@@ -329,22 +351,57 @@ func checkRequest(r *http.Request) string {
 // relayHTTP serves the connection request by request: every request's Host
 // must be the authorised name (R9), forwarding headers from the sandbox are
 // dropped, and each response is copied back.
-func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.Request, name string, port uint16) {
+//
+// term is nil for plaintext HTTP, where any credential placeholder is
+// refused (R13f); on a terminated TLS connection it says whether
+// credentials may be injected, and responses to credential-bearing
+// requests are scrubbed (R14).
+func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.Request, name string, port uint16, term *termInfo) {
 	upr := bufio.NewReader(up)
+	proto := "http"
+	if term != nil {
+		proto = "https"
+	}
 	for {
 		if reason := checkRequest(req); reason != "" {
-			s.record(Decision{Proto: "http", Name: req.Host, Port: port, Verdict: "deny", Reason: reason})
+			s.record(Decision{Proto: proto, Name: req.Host, Port: port, Verdict: "deny", Reason: reason})
 			writeStatus(c, http.StatusForbidden)
 			return
 		}
 		h, err := canonicalHost(req.Host, port)
 		if err != nil || h != name {
-			s.record(Decision{Proto: "http", Name: req.Host, Port: port, Verdict: "deny", Reason: "host_mismatch"})
+			s.record(Decision{Proto: proto, Name: req.Host, Port: port, Verdict: "deny", Reason: "host_mismatch"})
 			writeStatus(c, http.StatusMisdirectedRequest)
 			return
 		}
 		for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-For", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
 			req.Header.Del(k)
+		}
+		var used []Credential
+		if term == nil {
+			if hasPlaceholder(req) {
+				s.alert(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "credential_plaintext"})
+				writeStatus(c, http.StatusForbidden)
+				return
+			}
+		} else {
+			var reason string
+			used, reason = s.creds.Load().inject(req, name, port, term.verified)
+			if reason != "" {
+				s.alert(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: reason})
+				writeStatus(c, http.StatusForbidden)
+				return
+			}
+			if len(used) > 0 {
+				ids := make([]string, len(used))
+				for i, u := range used {
+					ids[i] = u.ID
+				}
+				s.record(Decision{Proto: proto, Name: name, Port: port, Verdict: "allow", Rule: "credential " + strings.Join(ids, ","), Reason: "credential_injected", TLS: "terminated"})
+				// The response must be scannable: no compression (R14).
+				req.Header.Del("Accept-Encoding")
+				req.Header.Del("Te")
+			}
 		}
 		req.URL.Scheme, req.URL.Host = "", ""
 		if err := req.Write(up); err != nil {
@@ -353,6 +410,12 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 		up.SetReadDeadline(time.Now().Add(idleTimeout))
 		resp, err := http.ReadResponse(upr, req)
 		if err != nil {
+			writeStatus(c, http.StatusBadGateway)
+			return
+		}
+		if len(used) > 0 && !scrubResponse(resp, used) {
+			resp.Body.Close()
+			s.record(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "unscannable_response"})
 			writeStatus(c, http.StatusBadGateway)
 			return
 		}
@@ -375,18 +438,18 @@ func writeStatus(c net.Conn, code int) {
 }
 
 // relay copies both ways until either side is done.
-func relay(c net.Conn, br *bufio.Reader, up net.Conn) {
+func relay(c net.Conn, br io.Reader, up net.Conn) {
 	done := make(chan struct{}, 2)
 	go func() {
 		io.Copy(up, br)
-		if tc, ok := up.(*net.TCPConn); ok {
+		if tc, ok := up.(interface{ CloseWrite() error }); ok {
 			tc.CloseWrite()
 		}
 		done <- struct{}{}
 	}()
 	go func() {
 		io.Copy(c, up)
-		if tc, ok := c.(*net.TCPConn); ok {
+		if tc, ok := c.(interface{ CloseWrite() error }); ok {
 			tc.CloseWrite()
 		}
 		done <- struct{}{}

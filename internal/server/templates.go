@@ -24,7 +24,7 @@ type Templates struct {
 
 func info(t template.Template) core.TemplateInfo {
 	return core.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
-		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, CreatedAt: t.CreatedAt}
+		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, Cmd: t.Defaults.Cmd, CreatedAt: t.CreatedAt}
 }
 
 // ListTemplates implements core.Templates.
@@ -64,7 +64,7 @@ func (t *Templates) GetTemplate(ctx context.Context, name string) (core.Template
 // BuildTemplate implements core.Templates.
 func (t *Templates) BuildTemplate(ctx context.Context, req core.TemplateBuildRequest, progress core.Progress) (core.TemplateInfo, error) {
 	tp, err := t.m.Build(ctx, template.BuildRequest{
-		Name: req.Name, Source: req.Source, Path: req.Path, Packages: req.Packages,
+		Name: req.Name, Source: req.Source, Path: req.Path, Packages: req.Packages, Image: req.Image,
 		Defaults: template.Defaults{Env: req.Env, Cwd: req.Cwd, User: req.User},
 	}, stageProgress(progress))
 	if err != nil {
@@ -75,10 +75,23 @@ func (t *Templates) BuildTemplate(ctx context.Context, req core.TemplateBuildReq
 
 // stageProgress turns build progress into an operation's percentage.
 func stageProgress(progress core.Progress) template.Progress {
+	// An image build's stages get percentage bands, so its progress only
+	// moves forward: resolve, pull (by bytes), shift, commit.
+	imageStages := map[string][2]int{"resolve": {0, 5}, "pull": {5, 85}, "extract": {85, 86}, "shift": {86, 95}, "commit": {95, 100}}
+	image := false
 	return func(stage string, done, total int64, msg string) {
 		pct := 50
 		if total > 0 {
 			pct = int(5 + 90*done/total)
+		}
+		if stage == "resolve" {
+			image = true
+		}
+		if b, ok := imageStages[stage]; ok && image {
+			pct = b[0]
+			if total > 0 && done <= total {
+				pct = b[0] + int(int64(b[1]-b[0])*done/total)
+			}
 		}
 		if msg == "" {
 			msg = stage

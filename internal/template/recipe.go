@@ -31,6 +31,11 @@ type recipe struct {
 	TreeSHA256 string `json:"tree_sha256,omitempty"`
 	TarSHA256  string `json:"tar_sha256,omitempty"`
 	TarSize    int64  `json:"tar_size,omitempty"`
+
+	// ImageConfig is the sha256 digest of an image's config, which names
+	// its layers' uncompressed contents (diff_ids, verified on extraction)
+	// and its defaults.
+	ImageConfig string `json:"image_config,omitempty"`
 }
 
 // plan is a resolved build: its digest plus the function that produces the
@@ -42,6 +47,9 @@ type plan struct {
 	recipe json.RawMessage
 	build  func(ctx context.Context, root string, p Progress) error
 	close  func()
+	// defaults, when set, come from the source (an image config) and lie
+	// under the request's own.
+	defaults *Defaults
 }
 
 var (
@@ -60,8 +68,11 @@ func (m *Manager) plan(ctx context.Context, req BuildRequest, p Progress) (*plan
 	if req.Source != SourceDebian && (len(req.Packages) > 0 || req.Suite != "") {
 		return nil, fmt.Errorf("%w: packages and suite only apply to source %q", ErrInvalid, SourceDebian)
 	}
-	if (req.Source == SourceDir || req.Source == SourceTar) != (req.Path != "") {
-		return nil, fmt.Errorf("%w: path is required for sources %q and %q and only for them", ErrInvalid, SourceDir, SourceTar)
+	if (req.Source == SourceDir || req.Source == SourceTar || req.Source == SourceArchive) != (req.Path != "") {
+		return nil, fmt.Errorf("%w: path is required for sources %q, %q and %q and only for them", ErrInvalid, SourceDir, SourceTar, SourceArchive)
+	}
+	if (req.Source == SourceImage) != (req.Image != "") {
+		return nil, fmt.Errorf("%w: image is required for source %q and only for it", ErrInvalid, SourceImage)
 	}
 	switch req.Source {
 	case SourceBusybox:
@@ -152,6 +163,10 @@ func (m *Manager) plan(ctx context.Context, req BuildRequest, p Progress) (*plan
 		r.TarSize = n
 		pl.build = func(ctx context.Context, root string, p Progress) error {
 			return m.buildTar(ctx, f, n, r.TarSHA256, root, p)
+		}
+	case SourceImage, SourceArchive:
+		if err := m.planImage(ctx, req, &r, pl, p); err != nil {
+			return nil, err
 		}
 	default:
 		return nil, fmt.Errorf("%w: source %q", ErrInvalid, req.Source)

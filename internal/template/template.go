@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -72,6 +73,8 @@ type Defaults struct {
 	Env  map[string]string `json:"env,omitempty"`
 	Cwd  string            `json:"cwd,omitempty"`
 	User string            `json:"user,omitempty"`
+	// Cmd is the start command (an image's entrypoint followed by its cmd).
+	Cmd []string `json:"cmd,omitempty"`
 }
 
 // Template is a named, built root filesystem.
@@ -96,7 +99,8 @@ type Progress func(stage string, done, total int64, msg string)
 type BuildRequest struct {
 	Name     string
 	Source   string   // SourceBusybox, SourceDebian, SourceDir or SourceTar
-	Path     string   // host path of the directory or tarball (dir, tar); callers must restrict who may name host paths
+	Path     string   // host path of the directory or tarball (dir, tar, archive); callers must restrict who may name host paths
+	Image    string   // registry reference, e.g. "docker.io/library/alpine:3.20" or "host:5000/app@sha256:…" (image)
 	Packages []string // extra Debian packages (debian)
 	Suite    string   // Debian suite (debian); default "bookworm"
 	Defaults Defaults
@@ -114,6 +118,12 @@ type Options struct {
 	BusyboxPath    string // default: /bin/busybox
 	MaxBytes       int64  // bound on file data of dir/tar inputs; default 8 GiB
 	MaxEntries     int    // bound on entries of dir/tar inputs; default 1<<20
+	// DockerConfig is the docker config.json with registry credentials
+	// ("auths"); default $DOCKER_CONFIG/config.json, else ~/.docker/config.json.
+	DockerConfig string
+	// AllowPrivateRegistries lets image pulls dial loopback, private and
+	// link-local addresses (off: API users cannot probe internal hosts).
+	AllowPrivateRegistries bool
 	// NoSync skips syncfs before a rootfs is committed. Only for tests: a
 	// power loss could then leave a committed but incomplete tree.
 	NoSync bool
@@ -537,6 +547,12 @@ func (m *Manager) Build(ctx context.Context, req BuildRequest, p Progress) (Temp
 		return Template{}, err
 	}
 	defer pl.close()
+	if pl.defaults != nil {
+		req.Defaults = mergeDefaults(*pl.defaults, req.Defaults)
+		if err := req.Defaults.validate(); err != nil {
+			return Template{}, err
+		}
+	}
 	built := false
 	for {
 		if t, ok, err := m.commitName(req, pl); err != nil || ok {
@@ -617,7 +633,7 @@ func (m *Manager) commitName(req BuildRequest, pl *plan) (Template, bool, error)
 }
 
 func defaultsEqual(a, b Defaults) bool {
-	if a.Cwd != b.Cwd || a.User != b.User || len(a.Env) != len(b.Env) {
+	if a.Cwd != b.Cwd || a.User != b.User || len(a.Env) != len(b.Env) || !slices.Equal(a.Cmd, b.Cmd) {
 		return false
 	}
 	for k, v := range a.Env {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"net/http"
 	"net/url"
@@ -355,6 +356,22 @@ func (c *Client) BuildTemplate(ctx context.Context, req TemplateBuildRequest, id
 	}
 	_, err := c.r.do(ctx, request{method: http.MethodPost, url: c.base + "/v1/templates",
 		header: idemHeader(idemKey), json: req, out: &res})
+	return res.Operation, err
+}
+
+// UploadTemplate starts a template build from a docker-archive or
+// OCI-layout tarball (plain or gzip) read from archive.
+func (c *Client) UploadTemplate(ctx context.Context, name string, archive io.Reader, idemKey string) (Operation, error) {
+	var res struct {
+		Operation Operation `json:"operation"`
+	}
+	h := idemHeader(idemKey)
+	if h == nil {
+		h = http.Header{}
+	}
+	h.Set("Content-Type", "application/x-tar")
+	_, err := c.r.do(ctx, request{method: http.MethodPost, url: c.base + "/v1/templates/upload?name=" + url.QueryEscape(name),
+		header: h, body: archive, out: &res, noTimeout: true})
 	return res.Operation, err
 }
 

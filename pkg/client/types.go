@@ -153,16 +153,19 @@ type TemplateInfo struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	User      string            `json:"user,omitempty"`
+	Cmd       []string          `json:"cmd,omitempty"` // start command from an image
 	CreatedAt time.Time         `json:"created_at"`
 }
 
 // TemplateBuildRequest asks the server to build a template. Over the API the
-// source is "busybox" or "debian"; directories and tarballs are built on the
-// server machine with the CLI.
+// source is "busybox", "debian" or "image" (Image names a registry
+// reference); image archives go through UploadTemplate; directories and
+// rootfs tarballs are built on the server machine with the CLI.
 type TemplateBuildRequest struct {
 	Name     string            `json:"name"`
 	Source   string            `json:"source"`
 	Packages []string          `json:"packages,omitempty"`
+	Image    string            `json:"image,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	Cwd      string            `json:"cwd,omitempty"`
 	User     string            `json:"user,omitempty"`

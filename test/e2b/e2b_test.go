@@ -356,8 +356,8 @@ func TestRESTAuthAndBadInput(t *testing.T) {
 		{"POST", "/sandboxes/sbx-0000000000000000/timeout", key, `{"timeout":10}`, 404},
 		{"POST", "/sandboxes/" + id + "/connect", key, `{"timeout":0}`, 400},
 		{"POST", "/sandboxes/sbx-0000000000000000/connect", key, `{"timeout":10}`, 404},
-		{"POST", "/sandboxes/" + id + "/pause", key, `{}`, 409},
-		{"POST", "/sandboxes/" + id + "/resume", key, `{}`, 409},
+		{"POST", "/sandboxes/sbx-0000000000000000/pause", key, `{}`, 404},
+		{"POST", "/sandboxes/" + id + "/resume", key, `{}`, 409}, // already running
 		{"POST", "/sandboxes/" + id + "/fork", key, `{}`, 501},
 	}
 	for _, c := range cases {

@@ -187,10 +187,13 @@ describe(`e2b SDK (${pkg}) against SPACE`, () => {
     assert.equal((await again.commands.run('echo via-connect')).stdout, 'via-connect\n')
   })
 
-  test('pause is refused until SPACE has snapshots (409)', async () => {
-    // The SDK turns E2B's 409 into `false`; the sandbox keeps running.
-    const paused = await sbx.pause().catch((err) => err)
-    assert.ok(paused === false || /409|not supported/i.test(String(paused)), String(paused))
+  test('pause freezes the sandbox; connect resumes it with its files', async () => {
+    await sbx.files.write('/tmp/kept', 'kept across pause')
+    assert.equal(await sbx.pause(), true)
+    assert.equal(await sbx.pause(), false) // already paused: E2B's 409
+    assert.equal(await sbx.isRunning(), false)
+    const again = await Sandbox.connect(sbx.sandboxId)
+    assert.equal((await again.commands.run('cat /tmp/kept')).stdout, 'kept across pause')
     assert.equal(await sbx.isRunning(), true)
   })
 

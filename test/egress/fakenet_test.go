@@ -7,13 +7,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +36,7 @@ const (
 	upstreamDNS = "192.0.2.53"
 	edgeIP      = "203.0.113.10" // shared CDN IP: registry.test and the attacker tenant evil-cdn.test
 	attackerIP  = "198.51.100.66"
+	apiIP       = "203.0.113.20" // api.test: the credential-bound upstream
 	uplinkIP    = "192.0.2.1"
 )
 
@@ -47,6 +52,8 @@ var zone = map[string]zoneEntry{
 	"evil.test":               {a: []string{attackerIP}},
 	"x.evil.test":             {a: []string{attackerIP}},
 	"evilregistry.test":       {a: []string{attackerIP}},
+	"api.test":                {a: []string{apiIP}},
+	"forged.registry.test":    {a: []string{attackerIP}}, // the attacker's TLS with a certificate from its own CA
 	"cdn-alias.registry.test": {cname: "x.evil.test"},
 	"tt.registry.test":        {a: []string{"127.0.0.1", "169.254.169.254"}},
 	"local.test":              {a: []string{"127.0.0.1"}},
@@ -55,6 +62,9 @@ var zone = map[string]zoneEntry{
 
 // wan is the fake internet and its contact log.
 type wan struct {
+	roots    *x509.CertPool // the test CA the gateway trusts for upstreams
+	canary   string         // the real secret; only api.test's checker may see it
+	ca       *testCA
 	mu       sync.Mutex
 	events   []string // every contact, "who: what"
 	attacker []string // contacts with an attacker endpoint
@@ -106,6 +116,19 @@ func (w *wan) sawEvent(s string) bool {
 	return false
 }
 
+// count says how many contacts mention s.
+func (w *wan) count(s string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, e := range w.events {
+		if strings.Contains(e, s) {
+			n++
+		}
+	}
+	return n
+}
+
 func (w *wan) close() {
 	for _, c := range w.closers {
 		c.Close()
@@ -115,7 +138,12 @@ func (w *wan) close() {
 // startWAN builds the wan namespace and its servers. It must run in the
 // test's private network namespace.
 func startWAN() (_ *wan, err error) {
-	w := &wan{}
+	w := &wan{canary: "space-canary-" + randHex()}
+	if w.ca, err = newTestCA("SPACE egress test upstream CA"); err != nil {
+		return nil, err
+	}
+	w.roots = x509.NewCertPool()
+	w.roots.AddCert(w.ca.cert)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	host, err := vns.Get()
@@ -147,7 +175,7 @@ func startWAN() (_ *wan, err error) {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return nil, err
 	}
-	for _, a := range []string{upstreamDNS, edgeIP, attackerIP} {
+	for _, a := range []string{upstreamDNS, edgeIP, attackerIP, apiIP} {
 		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 			return nil, fmt.Errorf("wan address %s: %w", a, err)
 		}
@@ -160,6 +188,9 @@ func startWAN() (_ *wan, err error) {
 		return nil, err
 	}
 	if err := w.serveAttacker(); err != nil {
+		return nil, err
+	}
+	if err := w.serveAPI(); err != nil {
 		return nil, err
 	}
 	back()
@@ -271,18 +302,97 @@ func (w *wan) dnsAnswer(msg []byte, from net.Addr) []byte {
 	return out
 }
 
-func selfSigned(names ...string) (tls.Certificate, error) {
+func randHex() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testCA issues the fake internet's certificates: one the gateway trusts
+// (the registry's and api.test's), one it does not (the attacker's
+// forgeries).
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newTestCA(name string) (*testCA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &testCA{cert: cert, key: key}, nil
+}
+
+func (ca *testCA) issue(names ...string) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	return tls.Certificate{Certificate: [][]byte{der, ca.cert.Raw}, PrivateKey: key}, nil
+}
+
+// serveAPI is api.test, the credential-bound upstream: it logs whether the
+// real secret arrived (the canary checker) and echoes request headers, as
+// an API that reflects its caller's token would (RT-33).
+func (w *wan) serveAPI() error {
+	handler := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		got := r.Header.Get("Authorization")
+		switch {
+		case got == "Bearer "+w.canary:
+			w.note(false, "api.test credential-ok %s %s tls=%v", r.Method, r.URL.Path, r.TLS != nil)
+		case strings.Contains(strings.ToLower(fmt.Sprint(r.Header, r.URL)), "space-cred-"):
+			w.note(false, "api.test placeholder-seen %s %s tls=%v", r.Method, r.URL.Path, r.TLS != nil)
+		default:
+			w.note(false, "api.test no-credential %s %s tls=%v", r.Method, r.URL.Path, r.TLS != nil)
+		}
+		if strings.HasPrefix(r.URL.Path, "/v1/redir") {
+			http.Redirect(rw, r, r.URL.Query().Get("to"), http.StatusFound)
+			return
+		}
+		rw.Header().Set("X-Echo-Authorization", got)
+		fmt.Fprintf(rw, "api ok %s %s auth=%q b64=%s\n", r.Method, r.URL.Path, got, base64.StdEncoding.EncodeToString([]byte(got)))
+	})
+	cert, err := w.ca.issue("api.test")
+	if err != nil {
+		return err
+	}
+	return w.listenHTTP(apiIP, handler, cert)
+}
+
+// listenHTTP serves handler on ip:80 and, with cert, ip:443.
+func (w *wan) listenHTTP(ip string, handler http.Handler, cert tls.Certificate) error {
+	for _, port := range []string{"80", "443"} {
+		ln, err := net.Listen("tcp4", ip+":"+port)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+		w.closers = append(w.closers, srv)
+		if port == "443" {
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
+		}
+		go srv.Serve(ln)
+	}
+	return nil
 }
 
 // serveEdge is the shared CDN address: vhosts by Host header, the
@@ -297,37 +407,54 @@ func (w *wan) serveEdge() error {
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
 		}
+		if host == "registry.test" && strings.HasPrefix(r.URL.Path, "/blob/") {
+			// Bulk download for the benchmarks: /blob/<MiB>, not logged.
+			n, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/blob/"))
+			buf := make([]byte, 1<<20)
+			rw.Header().Set("Content-Length", strconv.Itoa(n<<20))
+			for i := 0; i < n; i++ {
+				rw.Write(buf)
+			}
+			return
+		}
 		if host == "registry.test" || strings.HasSuffix(host, ".registry.test") {
-			w.note(false, "edge registry %s %s sni=%s from %s", host, r.URL, sni, r.RemoteAddr)
+			w.note(false, "edge registry %s %s sni=%s auth=%q from %s", host, r.URL, sni, r.Header.Get("Authorization"), r.RemoteAddr)
 			io.WriteString(rw, "registry ok\n")
 			return
 		}
-		w.note(true, "edge attacker-tenant %s %s sni=%s from %s", host, r.URL, sni, r.RemoteAddr)
+		w.note(true, "edge attacker-tenant %s %s sni=%s headers=%v from %s", host, r.URL, sni, r.Header, r.RemoteAddr)
 		io.WriteString(rw, "FLAG-edge\n")
 	})
-	cert, err := selfSigned("registry.test", "*.registry.test", "evil-cdn.test")
+	// One shared-SAN certificate for both tenants, as on a real CDN edge.
+	cert, err := w.ca.issue("registry.test", "*.registry.test", "evil-cdn.test")
 	if err != nil {
 		return err
 	}
-	for _, port := range []string{"80", "443"} {
-		ln, err := net.Listen("tcp4", edgeIP+":"+port)
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-		w.closers = append(w.closers, srv)
-		if port == "443" {
-			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})
-		}
-		go srv.Serve(ln)
-	}
-	return nil
+	return w.listenHTTP(edgeIP, handler, cert)
 }
 
 // serveAttacker is flagd: any TCP port it listens on answers FLAG and
 // records what it got; UDP is recorded too.
 func (w *wan) serveAttacker() error {
-	for _, port := range []string{"80", "443", "4444", "8080"} {
+	forger, err := newTestCA("attacker CA")
+	if err != nil {
+		return err
+	}
+	forged, err := forger.issue("registry.test", "*.registry.test", "api.test", "evil.test")
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp4", attackerIP+":443")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.note(true, "flagd tls %s %s sni=%s headers=%v", r.Host, r.URL, r.TLS.ServerName, r.Header)
+		io.WriteString(rw, "FLAG-flagd\n")
+	})}
+	w.closers = append(w.closers, srv)
+	go srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{forged}}))
+	for _, port := range []string{"80", "4444", "8080"} {
 		ln, err := net.Listen("tcp4", attackerIP+":"+port)
 		if err != nil {
 			return err

@@ -263,6 +263,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
 	}
+	// A restored layer is written while nothing of the sandbox runs yet.
+	if spec.InitLayer != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: cfg.Upper, UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
+			return nil, fmt.Errorf("namespace: init layer: %w", err)
+		}
+	}
 
 	// 2. The agent's socket, created here so it never appears inside.
 	sock := d.sockPath(id)

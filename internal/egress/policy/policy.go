@@ -59,6 +59,9 @@ func (r Rule) String() string {
 type Policy struct {
 	Mode  Mode
 	Rules []Rule
+	// Passthrough names allowlisted TLS that is relayed as is; any other
+	// allowlisted TLS is terminated with the sandbox's CA (R10).
+	Passthrough []Rule
 }
 
 // DefaultPorts apply to a rule written without ports.
@@ -264,6 +267,58 @@ func (p *Policy) Allow(name string, port uint16) (Rule, bool) {
 func (p *Policy) Strings() []string {
 	out := make([]string, len(p.Rules))
 	for i, r := range p.Rules {
+		out[i] = r.String()
+	}
+	return out
+}
+
+// WithPassthrough returns a copy of p whose TLS connections to names
+// matching these rules (same syntax as allow rules) are relayed without
+// termination. Only allowlist policies have any: in open mode nothing is
+// terminated except hosts with bound credentials.
+func (p *Policy) WithPassthrough(rules []string) (*Policy, error) {
+	if len(rules) == 0 {
+		return p, nil
+	}
+	if p.Mode != Allowlist {
+		return nil, fmt.Errorf("%w: passthrough rules need mode allowlist", ErrInvalid)
+	}
+	if len(rules) > MaxRules {
+		return nil, fmt.Errorf("%w: at most %d passthrough rules", ErrInvalid, MaxRules)
+	}
+	out := *p
+	out.Passthrough = nil
+	for _, s := range rules {
+		r, err := ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		out.Passthrough = append(out.Passthrough, r)
+	}
+	return &out, nil
+}
+
+// IsPassthrough reports whether TLS to name:port is left unterminated.
+func (p *Policy) IsPassthrough(name string, port uint16) bool {
+	if p == nil {
+		return false
+	}
+	for _, r := range p.Passthrough {
+		if r.matchName(name) {
+			for _, rp := range r.Ports {
+				if rp == port {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// PassthroughStrings renders the passthrough rules back (for the API).
+func (p *Policy) PassthroughStrings() []string {
+	out := make([]string, len(p.Passthrough))
+	for i, r := range p.Passthrough {
 		out[i] = r.String()
 	}
 	return out

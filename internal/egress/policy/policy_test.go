@@ -88,3 +88,23 @@ func FuzzParseRule(f *testing.F) {
 		}
 	})
 }
+
+func TestPassthrough(t *testing.T) {
+	p, err := Parse("allowlist", []string{"registry.test", "*.pinned.test:443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := p.WithPassthrough([]string{"*.pinned.test:443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !q.IsPassthrough("a.pinned.test", 443) || q.IsPassthrough("pinned.test", 443) || q.IsPassthrough("registry.test", 443) || p.IsPassthrough("a.pinned.test", 443) {
+		t.Error("passthrough matching")
+	}
+	if _, err := (&Policy{Mode: Open}).WithPassthrough([]string{"a.test"}); err == nil {
+		t.Error("passthrough accepted in open mode")
+	}
+	if _, err := p.WithPassthrough([]string{"1.2.3.4"}); err == nil {
+		t.Error("IP-literal passthrough accepted")
+	}
+}

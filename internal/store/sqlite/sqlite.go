@@ -42,6 +42,11 @@ CREATE INDEX IF NOT EXISTS operations_state ON operations(state);
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, project_id TEXT NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_project ON events(project_id, seq);
+CREATE TABLE IF NOT EXISTS snapshots (
+  id TEXT PRIMARY KEY, project_id TEXT NOT NULL, sandbox_id TEXT NOT NULL, parent_id TEXT,
+  state TEXT NOT NULL, created_at INTEGER NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS snapshots_order ON snapshots(created_at, id);
+CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 `
 
 // Open opens (creating if needed) the database file at path.

@@ -20,6 +20,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("Idempotency", func(t *testing.T) { testIdempotency(t, newStore(t)) })
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
 }
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -217,5 +218,79 @@ func testEvents(t *testing.T, s core.Store) {
 	evs, _ = s.EventsAfter(ctx, "p1", evs[0].Seq, 10)
 	if len(evs) != 2 {
 		t.Fatalf("events after first: %d", len(evs))
+	}
+}
+
+func testSnapshots(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	snap := func(id, project, sandbox, parent string, at time.Duration) core.Snapshot {
+		return core.Snapshot{ID: id, ProjectID: project, SandboxID: sandbox, ParentID: parent, Template: "minimal",
+			State: core.SnapshotCreating, Kind: core.SnapshotKindFilesystem, CreatedAt: t0.Add(at), UpdatedAt: t0.Add(at)}
+	}
+	if _, c, err := s.CreateSnapshotOp(ctx, snap("snap-1", "p1", "sbx-1", "", 0), op("op-s1", "p1", "snap-1"), "k"); err != nil || !c {
+		t.Fatalf("create: %v %v", c, err)
+	}
+	// The same idempotency key returns the first operation and stores nothing.
+	if o, c, err := s.CreateSnapshotOp(ctx, snap("snap-x", "p1", "sbx-1", "", 0), op("op-sx", "p1", "snap-x"), "k"); err != nil || c || o.ID != "op-s1" {
+		t.Fatalf("idempotent create: %v %v %v", o.ID, c, err)
+	}
+	if _, err := s.GetSnapshot(ctx, "", "snap-x"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("replayed create stored a snapshot: %v", err)
+	}
+	if _, err := s.GetSnapshot(ctx, "p2", "snap-1"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("another project must not see the snapshot: %v", err)
+	}
+	got, err := s.UpdateSnapshot(ctx, "snap-1", func(sn *core.Snapshot) error {
+		sn.State, sn.Manifest = core.SnapshotReady, "m1"
+		return nil
+	})
+	if err != nil || got.State != core.SnapshotReady {
+		t.Fatalf("update: %+v %v", got, err)
+	}
+	// Children: snap-2 (ready), snap-3 (creating) of sbx-1; snap-4 in p2.
+	for i, sn := range []core.Snapshot{snap("snap-2", "p1", "sbx-1", "snap-1", 2), snap("snap-3", "p1", "sbx-1", "", 3), snap("snap-4", "p2", "sbx-9", "", 1)} {
+		if _, _, err := s.CreateSnapshotOp(ctx, sn, op(fmt.Sprintf("op-c%d", i), sn.ProjectID, sn.ID), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.UpdateSnapshot(ctx, "snap-3", func(sn *core.Snapshot) error { sn.ParentID = "snap-2"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListSnapshots(ctx, core.SnapshotFilter{ProjectID: "p1"})
+	if err != nil || len(list) != 3 || list[0].ID != "snap-1" || list[2].ID != "snap-3" {
+		t.Fatalf("list oldest first: %v %v", list, err)
+	}
+	page, _ := s.ListSnapshots(ctx, core.SnapshotFilter{ProjectID: "p1", After: "snap-1", Limit: 1})
+	if len(page) != 1 || page[0].ID != "snap-2" {
+		t.Fatalf("page after snap-1: %v", page)
+	}
+	ready, _ := s.ListSnapshots(ctx, core.SnapshotFilter{SandboxID: "sbx-1", States: []core.SnapshotState{core.SnapshotReady}})
+	if len(ready) != 1 || ready[0].ID != "snap-1" {
+		t.Fatalf("state filter: %v", ready)
+	}
+	if all, _ := s.ListSnapshots(ctx, core.SnapshotFilter{}); len(all) != 4 {
+		t.Fatalf("all projects: %d", len(all))
+	}
+	// A snapshot with a live child cannot go; a failed child does not count.
+	if err := s.DeleteSnapshot(ctx, "p1", "snap-1"); !errors.Is(err, core.ErrConflict) {
+		t.Fatalf("delete with a child: %v", err)
+	}
+	if err := s.DeleteSnapshot(ctx, "p1", "snap-2"); !errors.Is(err, core.ErrConflict) {
+		t.Fatalf("delete with a creating child: %v", err)
+	}
+	s.UpdateSnapshot(ctx, "snap-3", func(sn *core.Snapshot) error { sn.State = core.SnapshotFailed; return nil })
+	if err := s.DeleteSnapshot(ctx, "p2", "snap-2"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("delete from another project: %v", err)
+	}
+	for _, id := range []string{"snap-2", "snap-1"} {
+		if err := s.DeleteSnapshot(ctx, "p1", id); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+	if _, err := s.GetSnapshot(ctx, "", "snap-1"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("deleted snapshot still there: %v", err)
+	}
+	if err := s.DeleteSnapshot(ctx, "p1", "snap-1"); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
 	}
 }

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+
+	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/netns"
+	"github.com/space-sandbox/space/internal/server"
+)
+
+// egressOpts are the `space server` flags of the egress gateway.
+type egressOpts struct {
+	on                      bool
+	dns, pool, prefix, tbl  string
+	upstreamCA, credKeyFile string
+	metrics                 string
+	maxConns, qps           int
+}
+
+func egressFlags(fs *flag.FlagSet) *egressOpts {
+	o := &egressOpts{}
+	fs.BoolVar(&o.on, "egress", false, "give every sandbox its own network behind the egress gateway (needs root; without it sandboxes have loopback only)")
+	fs.StringVar(&o.dns, "egress-dns", "", "upstream DNS resolver the gateway asks, IPv4[:port] (default: first IPv4 nameserver in /etc/resolv.conf)")
+	fs.StringVar(&o.pool, "egress-pool", "10.200.0.0/16", "IPv4 range cut into one /30 per sandbox (always treated as internal)")
+	fs.StringVar(&o.prefix, "egress-if-prefix", "spx", "prefix of host-side veth names (at most 6 characters; unique per server on a host)")
+	fs.StringVar(&o.tbl, "egress-table", "space", "nftables inet table of the sandbox rules (unique per server on a host)")
+	fs.IntVar(&o.maxConns, "egress-max-conns", 256, "concurrent proxied connections per sandbox")
+	fs.IntVar(&o.qps, "egress-dns-qps", 100, "DNS queries per second per sandbox")
+	fs.StringVar(&o.upstreamCA, "egress-upstream-ca", "", "PEM file of extra roots trusted for upstreams whose TLS the gateway terminates (added to the system roots)")
+	fs.StringVar(&o.credKeyFile, "egress-credential-key", "", "file holding the key that encrypts stored credentials (created if missing; default: a key kept in the store)")
+	fs.StringVar(&o.metrics, "egress-metrics", "", "serve the gateway's Prometheus counters at http://ADDR/metrics (unauthenticated; keep it on a private address)")
+	return o
+}
+
+func (o *egressOpts) apply(cfg *server.Config) error {
+	if !o.on {
+		return nil
+	}
+	pool, err := netip.ParsePrefix(o.pool)
+	if err != nil || !pool.Addr().Is4() {
+		return fmt.Errorf("--egress-pool %q: want an IPv4 prefix", o.pool)
+	}
+	gc := egress.Config{MaxConns: o.maxConns, DNSQPS: o.qps}
+	if o.dns != "" {
+		if gc.Upstream, err = netip.ParseAddrPort(o.dns); err != nil {
+			a, aerr := netip.ParseAddr(o.dns)
+			if aerr != nil {
+				return fmt.Errorf("--egress-dns %q: want IPv4[:port]", o.dns)
+			}
+			gc.Upstream = netip.AddrPortFrom(a, 53)
+		}
+		if !gc.Upstream.Addr().Is4() {
+			return fmt.Errorf("--egress-dns %q: want an IPv4 address", o.dns)
+		}
+	}
+	cfg.Egress = &server.EgressConfig{
+		Links:             netns.Config{Pool: pool, IfPrefix: o.prefix, Table: o.tbl},
+		Gateway:           gc,
+		UpstreamCAFile:    o.upstreamCA,
+		CredentialKeyFile: o.credKeyFile,
+		MetricsListen:     o.metrics,
+	}
+	return nil
+}

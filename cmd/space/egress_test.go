@@ -1,0 +1,43 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"testing"
+
+	"github.com/space-sandbox/space/internal/server"
+)
+
+func TestEgressFlags(t *testing.T) {
+	parse := func(args ...string) (server.Config, error) {
+		cfg := server.DefaultConfig()
+		fs := flag.NewFlagSet("server", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o := egressFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return cfg, err
+		}
+		return cfg, o.apply(&cfg)
+	}
+	cfg, err := parse()
+	if err != nil || cfg.Egress != nil {
+		t.Fatalf("egress must be off by default: %v %+v", err, cfg.Egress)
+	}
+	cfg, err = parse("--egress", "--egress-dns", "192.0.2.53", "--egress-pool", "10.201.0.0/20", "--egress-metrics", "127.0.0.1:9102")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eg := cfg.Egress
+	if eg == nil || eg.Gateway.Upstream.String() != "192.0.2.53:53" || eg.Links.Pool.String() != "10.201.0.0/20" ||
+		eg.Links.IfPrefix != "spx" || eg.Links.Table != "space" || eg.Gateway.MaxConns != 256 || eg.MetricsListen != "127.0.0.1:9102" {
+		t.Fatalf("egress config: %+v", eg)
+	}
+	if cfg, _ = parse("--egress", "--egress-dns", "192.0.2.53:5353"); cfg.Egress.Gateway.Upstream.Port() != 5353 {
+		t.Errorf("dns port: %v", cfg.Egress.Gateway.Upstream)
+	}
+	for _, bad := range [][]string{{"--egress", "--egress-dns", "dns.example"}, {"--egress", "--egress-dns", "[::1]:53"}, {"--egress", "--egress-pool", "fd00::/64"}} {
+		if _, err := parse(bad...); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}

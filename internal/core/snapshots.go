@@ -1,0 +1,536 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+)
+
+// SandboxPaused is the state of a sandbox whose processes are all frozen.
+// running → paused → running; a paused sandbox can be snapshotted or deleted.
+const SandboxPaused SandboxState = "paused"
+
+// SnapshotState is where a snapshot is in its life.
+type SnapshotState string
+
+// Snapshot states: creating → ready | failed.
+const (
+	SnapshotCreating SnapshotState = "creating"
+	SnapshotReady    SnapshotState = "ready"
+	SnapshotFailed   SnapshotState = "failed"
+)
+
+// SnapshotKindFilesystem is the only kind so far: the writable layer, not
+// processes or memory. A restore or fork starts the sandbox's processes afresh.
+const SnapshotKindFilesystem = "filesystem"
+
+// Snapshot is the persisted record of one snapshot. Its content (a manifest
+// of changes since ParentID, and chunks) lives in the node's snapshot store.
+type Snapshot struct {
+	ID          string         `json:"id"`
+	ProjectID   string         `json:"project_id"`
+	SandboxID   string         `json:"sandbox_id"`
+	ParentID    string         `json:"parent_id,omitempty"`
+	Template    string         `json:"template"`
+	State       SnapshotState  `json:"state"`
+	StateReason string         `json:"state_reason,omitempty"`
+	Kind        string         `json:"kind"`
+	Processes   string         `json:"processes"` // what a restore does with processes
+	Manifest    string         `json:"manifest,omitempty"`
+	Stats       *SnapshotStats `json:"stats,omitempty"`
+	CreatedAt   time.Time      `json:"created_at"`
+	UpdatedAt   time.Time      `json:"updated_at"`
+}
+
+// SnapshotStats describe what a capture read and stored.
+type SnapshotStats struct {
+	Entries       int   `json:"entries"`
+	Changed       int   `json:"changed"`
+	Removed       int   `json:"removed"`
+	Skipped       int   `json:"skipped"`
+	LogicalBytes  int64 `json:"logical_bytes"`
+	BytesRead     int64 `json:"bytes_read"`
+	NewChunks     int   `json:"new_chunks"`
+	ChunkBytes    int64 `json:"chunk_bytes"`
+	ManifestBytes int64 `json:"manifest_bytes"`
+	// BytesStored is what this snapshot added to the store.
+	BytesStored int64 `json:"bytes_stored"`
+	FrozenMS    int64 `json:"frozen_ms"`
+}
+
+// SnapshotFilter selects snapshots in ListSnapshots.
+type SnapshotFilter struct {
+	ProjectID string // "" = every project
+	SandboxID string
+	States    []SnapshotState
+	After     string // page cursor: snapshots created after this one
+	Limit     int    // 0 = all
+}
+
+// PauseRuntime is implemented by runtimes that can freeze sandboxes.
+type PauseRuntime interface {
+	// PauseSandbox freezes every process of a sandbox; idempotent.
+	PauseSandbox(ctx context.Context, id string) error
+	// ResumeSandbox continues them; idempotent.
+	ResumeSandbox(ctx context.Context, id string) error
+}
+
+// SnapshotRuntime is implemented by runtimes that can capture and restore
+// sandboxes' writable layers.
+type SnapshotRuntime interface {
+	// CaptureSnapshot records sandbox id's writable layer as its changes
+	// since the state of chain (manifest digests, oldest first; empty: since
+	// the template), with the sandbox frozen meanwhile. It returns the new
+	// manifest's digest; the data is durable when it returns.
+	CaptureSnapshot(ctx context.Context, id string, chain []string) (string, SnapshotStats, error)
+	// StartSandboxFromSnapshot is StartSandbox with the writable layer
+	// restored from chain.
+	StartSandboxFromSnapshot(ctx context.Context, sb Sandbox, chain []string, progress Progress) (Placement, error)
+	// CollectSnapshots removes stored data that no manifest in keep needs.
+	CollectSnapshots(ctx context.Context, keep []string) (any, error)
+}
+
+// MaxFork bounds the sandboxes one fork request makes.
+const MaxFork = 20
+
+// maxChain bounds snapshot chains (and the walk up a chain).
+const maxChain = 1000
+
+var snapshotIDRE = regexp.MustCompile(`^snap-[0-9a-f]{16}$`)
+
+// ValidSnapshotID reports whether id has the shape of a snapshot id.
+func ValidSnapshotID(id string) bool { return snapshotIDRE.MatchString(id) }
+
+// ForkRequest asks for count new sandboxes from one snapshot. Env and
+// limits default to those of the snapshot's sandbox.
+type ForkRequest struct {
+	Count          int               `json:"count"`
+	Env            map[string]string `json:"env,omitempty"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+	Limits         Limits            `json:"limits,omitempty"`
+	TimeoutSeconds *int64            `json:"timeout_seconds,omitempty"`
+	Network        *NetworkPolicy    `json:"network,omitempty"`
+}
+
+// sandboxLock serialises lifecycle operations on one sandbox in this
+// process (pause, resume, snapshot); the store's state checks guard the rest.
+func (s *Service) sandboxLock(id string) func() {
+	v, _ := s.sbLocks.LoadOrStore(id, &sync.Mutex{})
+	mu := v.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+func (s *Service) pauseRuntime() (PauseRuntime, error) {
+	pr, ok := s.runtime.(PauseRuntime)
+	if !ok {
+		return nil, fmt.Errorf("this server's driver cannot pause sandboxes: %w", ErrUnavailable)
+	}
+	return pr, nil
+}
+
+func (s *Service) snapshotRuntime() (SnapshotRuntime, error) {
+	sr, ok := s.runtime.(SnapshotRuntime)
+	if !ok {
+		return nil, fmt.Errorf("this server's driver cannot snapshot sandboxes: %w", ErrUnavailable)
+	}
+	return sr, nil
+}
+
+// Pause starts the operation that freezes a running sandbox. Its timeout
+// clock stops until Resume.
+func (s *Service) Pause(ctx context.Context, projectID, id, idemKey string) (Operation, error) {
+	pr, err := s.pauseRuntime()
+	if err != nil {
+		return Operation{}, err
+	}
+	sb, err := s.Get(ctx, projectID, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	op := s.engine.NewOperation(projectID, "sandbox.pause", id)
+	return s.engine.Submit(ctx, op, idemKey, func(ctx context.Context, progress Progress) (any, error) {
+		defer s.sandboxLock(id)()
+		cur, err := s.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
+			return nil, err
+		}
+		if cur.State == SandboxPaused {
+			return cur, nil
+		}
+		if cur.State != SandboxRunning {
+			return nil, fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
+		}
+		progress(20, "freezing")
+		if err := pr.PauseSandbox(ctx, id); err != nil {
+			return nil, err
+		}
+		updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+			if cur.State != SandboxRunning {
+				return fmt.Errorf("sandbox became %s while pausing: %w", cur.State, ErrConflict)
+			}
+			now := s.opts.Now().UTC()
+			cur.State, cur.UpdatedAt, cur.PausedRemainingMS = SandboxPaused, now, nil
+			if cur.ExpiresAt != nil {
+				rem := max(cur.ExpiresAt.Sub(now).Milliseconds(), 0)
+				cur.PausedRemainingMS, cur.ExpiresAt = &rem, nil
+			}
+			return nil
+		})
+		if err != nil {
+			if rerr := pr.ResumeSandbox(context.WithoutCancel(ctx), id); rerr != nil {
+				s.opts.Logf("sandbox %s: resume after failed pause: %v", id, rerr)
+			}
+			return nil, err
+		}
+		s.publishState(ctx, updated)
+		return updated, nil
+	})
+}
+
+// Resume starts the operation that continues a paused sandbox; its timeout
+// restarts with the time that was left.
+func (s *Service) Resume(ctx context.Context, projectID, id, idemKey string) (Operation, error) {
+	pr, err := s.pauseRuntime()
+	if err != nil {
+		return Operation{}, err
+	}
+	sb, err := s.Get(ctx, projectID, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	op := s.engine.NewOperation(projectID, "sandbox.resume", id)
+	return s.engine.Submit(ctx, op, idemKey, func(ctx context.Context, progress Progress) (any, error) {
+		defer s.sandboxLock(id)()
+		cur, err := s.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
+			return nil, err
+		}
+		if cur.State == SandboxRunning {
+			return cur, nil
+		}
+		if cur.State != SandboxPaused {
+			return nil, fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
+		}
+		progress(20, "thawing")
+		if err := pr.ResumeSandbox(ctx, id); err != nil {
+			return nil, err
+		}
+		updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+			if cur.State != SandboxPaused {
+				return fmt.Errorf("sandbox became %s while resuming: %w", cur.State, ErrConflict)
+			}
+			now := s.opts.Now().UTC()
+			cur.State, cur.UpdatedAt = SandboxRunning, now
+			if cur.PausedRemainingMS != nil {
+				exp := now.Add(time.Duration(*cur.PausedRemainingMS) * time.Millisecond)
+				cur.ExpiresAt, cur.PausedRemainingMS = &exp, nil
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.publishState(ctx, updated)
+		return updated, nil
+	})
+}
+
+// CreateSnapshot starts the operation that captures a running or paused
+// sandbox's writable layer. A running sandbox is frozen during the capture.
+func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idemKey string) (Snapshot, Operation, error) {
+	sr, err := s.snapshotRuntime()
+	if err != nil {
+		return Snapshot{}, Operation{}, err
+	}
+	if len(idemKey) > 128 {
+		return Snapshot{}, Operation{}, invalid("Idempotency-Key longer than 128 bytes")
+	}
+	sb, err := s.Get(ctx, projectID, sandboxID)
+	if err != nil {
+		return Snapshot{}, Operation{}, err
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return Snapshot{}, Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	now := s.opts.Now().UTC()
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Template: sb.Template,
+		State: SnapshotCreating, Kind: SnapshotKindFilesystem,
+		Processes: "not captured: a restore or fork starts the sandbox's processes afresh",
+		CreatedAt: now, UpdatedAt: now}
+	op := s.engine.NewOperation(projectID, "snapshot.create", snap.ID)
+	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
+	if err != nil {
+		return Snapshot{}, Operation{}, err
+	}
+	if !created {
+		existing, err := s.store.GetSnapshot(ctx, projectID, stored.Target)
+		return existing, stored, err
+	}
+	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+		out, err := s.runSnapshot(ctx, sr, snap, progress)
+		if err != nil {
+			if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), snap.ID, func(cur *Snapshot) error {
+				cur.State, cur.StateReason, cur.UpdatedAt = SnapshotFailed, err.Error(), s.opts.Now().UTC()
+				return nil
+			}); uerr != nil {
+				s.opts.Logf("snapshot %s: mark failed: %v", snap.ID, uerr)
+			}
+			return nil, err
+		}
+		return out, nil
+	})
+	return snap, stored, nil
+}
+
+func (s *Service) runSnapshot(ctx context.Context, sr SnapshotRuntime, snap Snapshot, progress Progress) (Snapshot, error) {
+	// Captures share the store; garbage collection waits for them all.
+	s.snapMu.RLock()
+	defer s.snapMu.RUnlock()
+	defer s.sandboxLock(snap.SandboxID)()
+	sb, err := s.store.GetSandbox(ctx, snap.ProjectID, snap.SandboxID)
+	if err != nil {
+		return snap, err
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return snap, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	parent, err := s.snapshotParent(ctx, sb, snap.ID)
+	if err != nil {
+		return snap, err
+	}
+	var chain []string
+	if parent != "" {
+		if chain, err = s.chain(ctx, parent); err != nil {
+			return snap, err
+		}
+	}
+	progress(10, "capturing the writable layer")
+	digest, stats, err := sr.CaptureSnapshot(ctx, sb.ID, chain)
+	if err != nil {
+		return snap, err
+	}
+	// The manifest is durable; committing its digest makes the snapshot.
+	return s.store.UpdateSnapshot(ctx, snap.ID, func(cur *Snapshot) error {
+		if cur.State != SnapshotCreating {
+			return fmt.Errorf("snapshot became %s: %w", cur.State, ErrConflict)
+		}
+		cur.State, cur.Manifest, cur.Stats, cur.UpdatedAt = SnapshotReady, digest, &stats, s.opts.Now().UTC()
+		return nil
+	})
+}
+
+// snapshotParent picks the parent of a new snapshot of sb (its newest ready
+// snapshot, else the one it was forked from) and records the link before
+// the capture, so the parent cannot be deleted under it.
+func (s *Service) snapshotParent(ctx context.Context, sb Sandbox, snapID string) (string, error) {
+	parent := sb.Snapshot
+	own, err := s.store.ListSnapshots(ctx, SnapshotFilter{ProjectID: sb.ProjectID, SandboxID: sb.ID, States: []SnapshotState{SnapshotReady}})
+	if err != nil {
+		return "", err
+	}
+	if len(own) > 0 {
+		parent = own[len(own)-1].ID
+	}
+	if parent == "" {
+		return "", nil
+	}
+	if _, err := s.store.UpdateSnapshot(ctx, snapID, func(cur *Snapshot) error {
+		cur.ParentID = parent
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	// A delete that ran before the link was stored is seen here; one after
+	// it is refused (the parent has a child).
+	if p, err := s.store.GetSnapshot(ctx, sb.ProjectID, parent); err == nil && p.State == SnapshotReady {
+		return parent, nil
+	}
+	_, err = s.store.UpdateSnapshot(ctx, snapID, func(cur *Snapshot) error {
+		cur.ParentID = ""
+		return nil
+	})
+	return "", err
+}
+
+// chain returns the manifests from the root of id's chain to id.
+func (s *Service) chain(ctx context.Context, id string) ([]string, error) {
+	var rev []string
+	for cur := id; cur != ""; {
+		if len(rev) >= maxChain {
+			return nil, fmt.Errorf("snapshot chain longer than %d: %w", maxChain, ErrExhausted)
+		}
+		snap, err := s.store.GetSnapshot(ctx, "", cur)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot chain: %w", err)
+		}
+		if snap.State != SnapshotReady || snap.Manifest == "" {
+			return nil, fmt.Errorf("snapshot %s is %s: %w", cur, snap.State, ErrConflict)
+		}
+		rev = append(rev, snap.Manifest)
+		cur = snap.ParentID
+	}
+	out := make([]string, len(rev))
+	for i, m := range rev {
+		out[len(rev)-1-i] = m
+	}
+	return out, nil
+}
+
+// GetSnapshot returns a project's snapshot.
+func (s *Service) GetSnapshot(ctx context.Context, projectID, id string) (Snapshot, error) {
+	if !ValidSnapshotID(id) {
+		return Snapshot{}, fmt.Errorf("snapshot %.80q: %w", id, ErrNotFound)
+	}
+	return s.store.GetSnapshot(ctx, projectID, id)
+}
+
+// ListSnapshots returns a page of a project's snapshots, oldest first.
+func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
+	if f.Limit <= 0 || f.Limit > 1000 {
+		f.Limit = 100
+	}
+	return s.store.ListSnapshots(ctx, f)
+}
+
+// DeleteSnapshot removes a snapshot that no other snapshot depends on and
+// starts the operation that reclaims its data.
+func (s *Service) DeleteSnapshot(ctx context.Context, projectID, id string) (Operation, error) {
+	if _, err := s.GetSnapshot(ctx, projectID, id); err != nil {
+		return Operation{}, err
+	}
+	if err := s.store.DeleteSnapshot(ctx, projectID, id); err != nil {
+		return Operation{}, err
+	}
+	op := s.engine.NewOperation(projectID, "snapshot.delete", id)
+	return s.engine.Submit(ctx, op, "", func(ctx context.Context, progress Progress) (any, error) {
+		progress(10, "collecting unreferenced chunks")
+		return s.CollectSnapshots(ctx)
+	})
+}
+
+// CollectSnapshots removes stored snapshot data no ready snapshot needs. It
+// waits for captures and restores in flight (they hold data not yet
+// referenced by a committed manifest).
+func (s *Service) CollectSnapshots(ctx context.Context) (any, error) {
+	sr, ok := s.runtime.(SnapshotRuntime)
+	if !ok {
+		return nil, nil
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	ready, err := s.store.ListSnapshots(ctx, SnapshotFilter{States: []SnapshotState{SnapshotReady}})
+	if err != nil {
+		return nil, err
+	}
+	keep := make([]string, 0, len(ready))
+	for _, sn := range ready {
+		keep = append(keep, sn.Manifest)
+	}
+	return sr.CollectSnapshots(ctx, keep)
+}
+
+// Fork starts count new sandboxes from a ready snapshot, each with its own
+// id, writable layer, session and create operation. The source keeps
+// running. Processes are not part of the snapshot: each fork starts afresh.
+func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRequest, idemKey string) ([]Sandbox, []Operation, error) {
+	if _, err := s.snapshotRuntime(); err != nil {
+		return nil, nil, err
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	if req.Count < 1 || req.Count > MaxFork {
+		return nil, nil, invalid("count must be between 1 and %d", MaxFork)
+	}
+	if len(idemKey) > 120 {
+		return nil, nil, invalid("Idempotency-Key longer than 120 bytes")
+	}
+	snap, err := s.GetSnapshot(ctx, projectID, snapID)
+	if err != nil {
+		return nil, nil, err
+	}
+	if snap.State != SnapshotReady {
+		return nil, nil, fmt.Errorf("snapshot is %s: %w", snap.State, ErrConflict)
+	}
+	creq := CreateRequest{Template: snap.Template, Env: req.Env, Metadata: req.Metadata, Limits: req.Limits,
+		TimeoutSeconds: req.TimeoutSeconds, Network: req.Network}
+	if src, err := s.store.GetSandbox(ctx, projectID, snap.SandboxID); err == nil {
+		if creq.Env == nil {
+			creq.Env = src.Env
+		}
+		if creq.Limits == (Limits{}) {
+			creq.Limits = src.Limits
+		}
+	}
+	var sbs []Sandbox
+	var ops []Operation
+	for i := 0; i < req.Count; i++ {
+		key := ""
+		if idemKey != "" {
+			key = fmt.Sprintf("%s/%d", idemKey, i)
+		}
+		sb, op, err := s.create(ctx, projectID, creq, key, snap.ID)
+		if err != nil {
+			return sbs, ops, err
+		}
+		sbs, ops = append(sbs, sb), append(ops, op)
+	}
+	return sbs, ops, nil
+}
+
+// startFromSnapshot is runCreate's start for a restored or forked sandbox.
+func (s *Service) startFromSnapshot(ctx context.Context, sb Sandbox, progress Progress) (Placement, error) {
+	sr, err := s.snapshotRuntime()
+	if err != nil {
+		return Placement{}, err
+	}
+	// Chunks read by the restore must outlive it: GC waits.
+	s.snapMu.RLock()
+	defer s.snapMu.RUnlock()
+	chain, err := s.chain(ctx, sb.Snapshot)
+	if err != nil {
+		return Placement{}, err
+	}
+	progress(10, "restoring the writable layer")
+	return sr.StartSandboxFromSnapshot(ctx, sb, chain, progress)
+}
+
+// reconcileSnapshots runs at start, after operations were recovered: a
+// snapshot a crash interrupted is failed, and data no ready snapshot
+// references (its chunks, a manifest written but never committed, temp
+// files) is removed.
+func (s *Service) reconcileSnapshots(ctx context.Context) error {
+	if _, ok := s.runtime.(SnapshotRuntime); !ok {
+		return nil
+	}
+	creating, err := s.store.ListSnapshots(ctx, SnapshotFilter{States: []SnapshotState{SnapshotCreating}})
+	if err != nil {
+		return err
+	}
+	for _, sn := range creating {
+		if _, err := s.store.UpdateSnapshot(ctx, sn.ID, func(cur *Snapshot) error {
+			cur.State, cur.StateReason, cur.UpdatedAt = SnapshotFailed, "the server stopped while this snapshot was taken", s.opts.Now().UTC()
+			return nil
+		}); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+	}
+	res, err := s.CollectSnapshots(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot gc: %w", err)
+	}
+	if res != nil {
+		s.opts.Logf("snapshot gc at start: %+v", res)
+	}
+	return nil
+}

@@ -1,0 +1,323 @@
+// Package drivertest is the conformance suite every driver.Driver passes:
+// create, agent health and exec through the agent client, limits, destroy
+// leaving nothing behind, attach after a node restart, and sweep.
+//
+// A driver's test calls Run with an Env that opens drivers over a given
+// directory; two drivers opened over the same directory see the same
+// sandboxes, as a restarted node does.
+package drivertest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/agent/client"
+	"github.com/space-sandbox/space/internal/driver"
+)
+
+// Env describes the driver under test.
+type Env struct {
+	// Open returns a driver keeping its state below dir (a fresh
+	// t.TempDir per subtest). It registers its own cleanup (a final Sweep).
+	Open func(t *testing.T, dir string) driver.Driver
+	// Rootfs is the template root filesystem sandboxes are created from.
+	// It must hold a busybox /bin/sh.
+	Rootfs string
+	// Leftovers lists what is left on the host of sandbox id (files,
+	// mounts, cgroups, processes); nil means nothing. It is polled briefly
+	// after Destroy and Sweep.
+	Leftovers func(t *testing.T, dir, id string) []string
+	// SandboxDiesOnOOM is true where exceeding the memory limit may kill
+	// the whole sandbox rather than the one process (gVisor: the host sees
+	// one sandbox kernel, not its processes).
+	SandboxDiesOnOOM bool
+}
+
+// Run runs the conformance suite as subtests of t.
+func Run(t *testing.T, env Env) {
+	t.Run("CreateExecDestroy", func(t *testing.T) { testCreateExecDestroy(t, env) })
+	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
+	t.Run("AttachAfterRestart", func(t *testing.T) { testAttach(t, env) })
+	t.Run("Sweep", func(t *testing.T) { testSweep(t, env) })
+	t.Run("BadSpecs", func(t *testing.T) { testBadSpecs(t, env) })
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func create(t *testing.T, env Env, d driver.Driver, id string, l driver.Limits) driver.Instance {
+	t.Helper()
+	inst, err := d.Create(testCtx(t), driver.Spec{ID: id, Hostname: "box-" + id, RootfsDir: env.Rootfs, Limits: l})
+	if err != nil {
+		t.Fatalf("create %s: %v", id, err)
+	}
+	t.Cleanup(func() { _ = inst.Destroy(context.Background()) })
+	return inst
+}
+
+// Sh runs a shell script in the sandbox through the agent and returns its
+// combined output and exit.
+func Sh(ctx context.Context, inst driver.Instance, script string) (string, agent.Exit, error) {
+	c := client.New(inst.Dial)
+	defer c.Close()
+	info, err := c.Start(ctx, agent.ProcessSpec{Shell: script})
+	if err != nil {
+		return "", agent.Exit{}, fmt.Errorf("start %q: %w", script, err)
+	}
+	r, err := c.Events(ctx, info.ID, 0)
+	if err != nil {
+		return "", agent.Exit{}, err
+	}
+	defer r.Close()
+	var out bytes.Buffer
+	for {
+		ev, err := r.Next()
+		if err == io.EOF {
+			return out.String(), agent.Exit{}, fmt.Errorf("%q: no exit event", script)
+		}
+		if err != nil {
+			return out.String(), agent.Exit{}, fmt.Errorf("events of %q: %w", script, err)
+		}
+		if ev.Type == agent.EventExit {
+			exit, err := client.ExitStatus(ev)
+			return out.String(), exit, err
+		}
+		out.Write(ev.Data)
+	}
+}
+
+// MustSh runs script and fails the test unless it exits 0.
+func MustSh(t testing.TB, inst driver.Instance, script string) string {
+	t.Helper()
+	out, exit, err := Sh(testCtx(t), inst, script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.Code != 0 || exit.Signal != "" {
+		t.Fatalf("%q: exit %+v\n%s", script, exit, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+func health(t *testing.T, inst driver.Instance) error {
+	t.Helper()
+	c := client.New(inst.Dial)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+	defer cancel()
+	return c.Health(ctx)
+}
+
+func assertGone(t *testing.T, env Env, dir, id string) {
+	t.Helper()
+	if env.Leftovers == nil {
+		return
+	}
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if left = env.Leftovers(t, dir, id); len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("sandbox %s left behind: %s", id, strings.Join(left, "; "))
+}
+
+func testCreateExecDestroy(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d := env.Open(t, dir)
+	inst := create(t, env, d, "conf-a", driver.Limits{})
+	if inst.ID() != "conf-a" {
+		t.Errorf("ID() = %q", inst.ID())
+	}
+	if inst.Timing().Total <= 0 {
+		t.Errorf("Timing().Total = %v", inst.Timing().Total)
+	}
+	if err := health(t, inst); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	if got := MustSh(t, inst, "echo hello; id -u; hostname"); got != "hello\n0\nbox-conf-a" {
+		t.Errorf("exec output %q", got)
+	}
+	if _, exit, err := Sh(testCtx(t), inst, "exit 7"); err != nil || exit.Code != 7 {
+		t.Errorf("exit 7: %+v %v", exit, err)
+	}
+	// Files written by one command are seen by the next and by the agent's
+	// file API; the template stays untouched.
+	MustSh(t, inst, "echo data > /root/f && mkdir -p /tmp/x && echo y > /etc/extra")
+	c := client.New(inst.Dial)
+	rc, _, err := c.Download(testCtx(t), "/root/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	c.Close()
+	if string(b) != "data\n" {
+		t.Errorf("download %q", b)
+	}
+	// Several independent connections at once.
+	conns := make([]io.Closer, 0, 4)
+	for range 4 {
+		conn, err := inst.Dial(testCtx(t))
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		conns = append(conns, conn)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	// A second sandbox does not see the first one's files.
+	other := create(t, env, d, "conf-b", driver.Limits{})
+	if out, _, _ := Sh(testCtx(t), other, "cat /root/f /etc/extra 2>&1"); strings.Contains(out, "data") {
+		t.Errorf("second sandbox sees the first one's files: %q", out)
+	}
+	// A process left running dies with the sandbox.
+	MustSh(t, inst, "sleep 1000 >/dev/null 2>&1 &")
+	if err := inst.Destroy(testCtx(t)); err != nil {
+		t.Fatalf("destroy: %v", err)
+	}
+	if err := inst.Destroy(testCtx(t)); err != nil {
+		t.Errorf("second destroy: %v", err)
+	}
+	assertGone(t, env, dir, "conf-a")
+	ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second)
+	defer cancel()
+	if conn, err := inst.Dial(ctx); err == nil {
+		conn.Close()
+		t.Error("dial after destroy succeeded")
+	}
+	if err := other.Destroy(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, env, dir, "conf-b")
+}
+
+func testLimits(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d := env.Open(t, dir)
+	inst := create(t, env, d, "conf-lim", driver.Limits{MemoryBytes: 96 << 20, CPUMillis: 500, Pids: 64})
+	if got := MustSh(t, inst, "echo ok"); got != "ok" {
+		t.Fatalf("limited sandbox: %q", got)
+	}
+	if err := inst.SetLimits(testCtx(t), driver.Limits{MemoryBytes: 64 << 20, CPUMillis: 1000, Pids: 32}); err != nil {
+		t.Fatalf("SetLimits: %v", err)
+	}
+	if n, err := inst.OOMKills(); err != nil || n != 0 {
+		t.Fatalf("OOMKills before: %d %v", n, err)
+	}
+	// dd allocates its block in one piece and fills it: it must not get
+	// its 256 MiB past a 64 MiB limit.
+	out, exit, err := Sh(testCtx(t), inst, "dd if=/dev/zero of=/dev/null bs=256M count=1")
+	if err == nil && exit.Code == 0 && exit.Signal == "" {
+		t.Fatalf("dd of 256 MiB succeeded under a 64 MiB limit: %q", out)
+	}
+	if env.SandboxDiesOnOOM {
+		t.Logf("over the memory limit: exit %+v err %v", exit, err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("over the memory limit: %v", err)
+	}
+	if exit.Signal != "SIGKILL" {
+		t.Errorf("dd not OOM-killed: %+v %s", exit, out)
+	}
+	if n, err := inst.OOMKills(); err != nil || n < 1 {
+		t.Errorf("OOMKills after: %d %v", n, err)
+	}
+	if got := MustSh(t, inst, "echo alive"); got != "alive" {
+		t.Errorf("after OOM: %q", got)
+	}
+}
+
+func testAttach(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d1 := env.Open(t, dir)
+	inst := create(t, env, d1, "conf-keep", driver.Limits{})
+	MustSh(t, inst, "echo state > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+
+	// A new driver value over the same dirs, as after a node restart.
+	d2 := env.Open(t, dir)
+	re, err := d2.Attach(testCtx(t), "conf-keep")
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if re.ID() != "conf-keep" {
+		t.Errorf("attached ID %q", re.ID())
+	}
+	if out := MustSh(t, re, "cat /root/mark; cat /proc/[0-9]*/comm | grep -qx sleep && echo running"); out != "state\nrunning" {
+		t.Errorf("after attach: %q", out)
+	}
+	if err := re.SetLimits(testCtx(t), driver.Limits{Pids: 77}); err != nil {
+		t.Errorf("SetLimits on attached instance: %v", err)
+	}
+	if _, err := d2.Attach(testCtx(t), "conf-nosuch"); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("attach of unknown id: %v", err)
+	}
+	if err := re.Destroy(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, env, dir, "conf-keep")
+	if _, err := d2.Attach(testCtx(t), "conf-keep"); !errors.Is(err, driver.ErrNotFound) {
+		t.Errorf("attach after destroy: %v", err)
+	}
+}
+
+func testSweep(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d1 := env.Open(t, dir)
+	keep := create(t, env, d1, "conf-s1", driver.Limits{})
+	create(t, env, d1, "conf-s2", driver.Limits{})
+
+	d2 := env.Open(t, dir)
+	if err := d2.Sweep(testCtx(t), map[string]bool{"conf-s1": true}); err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	assertGone(t, env, dir, "conf-s2")
+	if got := MustSh(t, keep, "echo kept"); got != "kept" {
+		t.Errorf("kept sandbox: %q", got)
+	}
+	if err := d2.Sweep(testCtx(t), nil); err != nil {
+		t.Fatalf("sweep all: %v", err)
+	}
+	assertGone(t, env, dir, "conf-s1")
+}
+
+func testBadSpecs(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d := env.Open(t, dir)
+	for _, id := range []string{"", "Upper", "../x", "a/b", strings.Repeat("x", 65)} {
+		if inst, err := d.Create(testCtx(t), driver.Spec{ID: id, RootfsDir: env.Rootfs}); err == nil {
+			_ = inst.Destroy(context.Background())
+			t.Errorf("create with id %q succeeded", id)
+		}
+	}
+	if inst, err := d.Create(testCtx(t), driver.Spec{ID: "conf-norootfs", RootfsDir: "/nonexistent"}); err == nil {
+		_ = inst.Destroy(context.Background())
+		t.Error("create without rootfs succeeded")
+	}
+	assertGone(t, env, dir, "conf-norootfs")
+	dup := create(t, env, d, "conf-dup", driver.Limits{})
+	if inst, err := d.Create(testCtx(t), driver.Spec{ID: "conf-dup", RootfsDir: env.Rootfs}); err == nil {
+		_ = inst.Destroy(context.Background())
+		t.Error("second create of one id succeeded")
+	}
+	// The failed second create must not have harmed the first.
+	if got := MustSh(t, dup, "echo still"); got != "still" {
+		t.Errorf("after a duplicate create: %q", got)
+	}
+}

@@ -1,0 +1,534 @@
+// Package gvisor is the gVisor driver: each sandbox is an OCI container run
+// by runsc (systrap platform; kvm where asked and /dev/kvm exists), so the
+// sandbox's processes talk to gVisor's user-space kernel, not the host's.
+//
+// Layout of a sandbox on the host:
+//
+//	<StateDir>/<id>/upper, work   the writable layer (host overlayfs over the
+//	                              template's read-only rootfs)
+//	<StateDir>/<id>/merged        the overlay, the container's root
+//	<StateDir>/<id>/config.json   the OCI bundle's spec
+//	<StateDir>/<id>/state.json    what a restarted node needs (Attach)
+//	<RunDir>/<id>/agent.sock      the agent's socket
+//
+// The `space` binary is bind-mounted read-only at /.space/agent and runs as
+// the container's process (`agent --listen /.space/run/agent.sock`);
+// <RunDir>/<id> is bind-mounted at /.space/run and runsc's --host-uds=create
+// makes the agent's listening socket a host unix socket there, which the
+// host dials (never following a link the sandbox may have put there). The
+// container has a user namespace mapping its ids 0..UIDCount-1 to host ids
+// UIDBase.., like the namespace driver, so templates and writable layers are
+// interchangeable between the two drivers. Resource limits go to runsc as
+// the spec's resources and land in cgroups below the node's own (relative
+// cgroupsPath <CgroupBase>/<id>); the sentry sizes its memory to the limit.
+//
+// Sandboxes outlive the node process (runsc run -detach) and are re-adopted
+// with Attach. Destroy runs `runsc delete -force`, then removes cgroups,
+// the overlay mount and every file.
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/driver"
+	"golang.org/x/sys/unix"
+)
+
+// Name is the driver's name.
+const Name = "gvisor"
+
+// Defaults.
+const (
+	DefaultUIDBase      = 100000
+	DefaultUIDCount     = 65536
+	DefaultPids         = 4096
+	defaultReadyTimeout = 15 * time.Second
+	defaultDestroyWait  = 15 * time.Second
+	maxSocketPath       = 107
+
+	// Paths inside the sandbox.
+	agentInside   = "/.space/agent"
+	runDirInside  = "/.space/run"
+	sockName      = "agent.sock"
+	runscRootName = "runsc" // under RunDir
+)
+
+var defaultAgentArgs = []string{"agent", "--listen"}
+
+// Options configure the driver.
+type Options struct {
+	// Runsc is the runsc binary; default FindRunsc("").
+	Runsc string
+	// Platform is runsc's platform: systrap (default), ptrace or kvm.
+	Platform string
+	// StateDir holds one dir per sandbox (overlay, bundle, state.json).
+	StateDir string
+	// RunDir holds runsc's --root (RunDir/runsc) and the per-sandbox socket
+	// dirs (RunDir/<id>); keep it short (unix socket paths).
+	RunDir string
+	// AgentPath is the `space` binary bind-mounted into each sandbox.
+	AgentPath string
+	// AgentArgs come before the socket path; default ["agent", "--listen"].
+	AgentArgs []string
+	// Env is the agent's environment; default PATH and HOME.
+	Env []string
+	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map to.
+	UIDBase, UIDCount uint32
+	// DefaultLimits fill in zero fields of a spec's limits.
+	DefaultLimits driver.Limits
+	// CgroupBase is the dir below the node's cgroups that holds sandbox
+	// groups; default "space-gvisor".
+	CgroupBase string
+	// ReadyTimeout bounds how long Create waits for the agent.
+	ReadyTimeout time.Duration
+	// NetNS, if set, returns the path of a network namespace (holding the
+	// sandbox's veth) that runsc runs the sandbox's netstack over
+	// (--network=sandbox). Without it the sandbox has no network at all
+	// (--network=none). NetNSCleanup, if set, undoes it on teardown.
+	NetNS        func(ctx context.Context, id string) (string, error)
+	NetNSCleanup func(ctx context.Context, id string) error
+	// Probe, if set, runs once the agent's socket answers; Create fails if
+	// it does.
+	Probe func(ctx context.Context, inst driver.Instance) error
+	// Debug keeps runsc's debug logs in <StateDir>/<id>/logs.
+	Debug bool
+	Logf  func(format string, args ...any)
+}
+
+// Driver implements driver.Driver with gVisor.
+type Driver struct {
+	opts    Options
+	r       *runsc
+	cg      *cgroups.Manager
+	version string
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// New finds and checks runsc and prepares the driver's dirs.
+func New(ctx context.Context, opts Options) (*Driver, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("gvisor: must run as root: %w", driver.ErrUnsupported)
+	}
+	if opts.StateDir == "" || opts.RunDir == "" || opts.AgentPath == "" {
+		return nil, errors.New("gvisor: StateDir, RunDir and AgentPath are required")
+	}
+	var err error
+	if opts.Runsc, err = FindRunsc(opts.Runsc); err != nil {
+		return nil, err
+	}
+	for _, p := range []*string{&opts.StateDir, &opts.RunDir, &opts.AgentPath} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	switch opts.Platform {
+	case "":
+		opts.Platform = "systrap"
+	case "systrap", "ptrace":
+	case "kvm":
+		if _, err := os.Stat("/dev/kvm"); err != nil {
+			return nil, fmt.Errorf("gvisor: platform kvm: %w: %w", err, driver.ErrUnsupported)
+		}
+	default:
+		return nil, fmt.Errorf("gvisor: unknown platform %q", opts.Platform)
+	}
+	if opts.AgentArgs == nil {
+		opts.AgentArgs = defaultAgentArgs
+	}
+	if opts.Env == nil {
+		opts.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	}
+	if opts.UIDBase == 0 {
+		opts.UIDBase = DefaultUIDBase
+	}
+	if opts.UIDCount == 0 {
+		opts.UIDCount = DefaultUIDCount
+	}
+	if opts.CgroupBase == "" {
+		opts.CgroupBase = "space-gvisor"
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = defaultReadyTimeout
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	// runsc keeps per-sandbox sockets in its root: runsc-<id>.sock.
+	if room := maxSocketPath - len(filepath.Join(opts.RunDir, runscRootName)) - len("/runsc-.sock"); room < 64 {
+		return nil, fmt.Errorf("gvisor: RunDir %q too long for unix socket paths (room for %d-byte ids, need 64)", opts.RunDir, room)
+	}
+	fi, err := os.Stat(opts.AgentPath)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: agent binary: %w", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o001 == 0 {
+		return nil, fmt.Errorf("gvisor: agent binary %s must be a regular file executable by others (mode %v)", opts.AgentPath, fi.Mode())
+	}
+	version, err := RunscVersion(ctx, opts.Runsc)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{opts.StateDir, opts.RunDir, filepath.Join(opts.RunDir, runscRootName)} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	for _, d := range []string{opts.StateDir, opts.RunDir, filepath.Dir(opts.AgentPath)} {
+		if err := ensureTraversable(d, opts.Logf); err != nil {
+			return nil, err
+		}
+	}
+	cg, err := cgroups.New(opts.CgroupBase)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, driver.ErrUnsupported)
+	}
+	d := &Driver{
+		opts:    opts,
+		cg:      cg,
+		version: version,
+		r: &runsc{
+			path:     opts.Runsc,
+			root:     filepath.Join(opts.RunDir, runscRootName),
+			platform: opts.Platform,
+			debug:    opts.Debug,
+		},
+	}
+	opts.Logf("gvisor driver: %s (%s), platform %s, cgroups %s", opts.Runsc, version, opts.Platform, cg)
+	return d, nil
+}
+
+// Name implements driver.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Runsc is the runsc binary and its version line.
+func (d *Driver) Runsc() (path, version string) { return d.opts.Runsc, d.version }
+
+func (d *Driver) sandboxDir(id string) string { return filepath.Join(d.opts.StateDir, id) }
+func (d *Driver) sockDir(id string) string    { return filepath.Join(d.opts.RunDir, id) }
+func (d *Driver) cgroupsPath(id string) string {
+	return d.opts.CgroupBase + "/" + id // relative: below runsc's (the node's) cgroups
+}
+
+// limits resolves zero fields: the spec, then Options.DefaultLimits, then
+// DefaultPids for tasks; memory and CPU stay unlimited.
+func (d *Driver) limits(l driver.Limits) cgroups.Limits {
+	def := d.opts.DefaultLimits
+	pick := func(v, dv, fallback int64) int64 {
+		switch {
+		case v > 0:
+			return v
+		case dv > 0:
+			return dv
+		}
+		return fallback
+	}
+	return cgroups.Limits{
+		MemoryBytes: pick(l.MemoryBytes, def.MemoryBytes, 0),
+		CPUMillis:   pick(l.CPUMillis, def.CPUMillis, 0),
+		Pids:        pick(l.Pids, def.Pids, DefaultPids),
+	}
+}
+
+// cleanup is a stack of undo steps for a half-built sandbox.
+type cleanup []func()
+
+func (c *cleanup) push(f func()) { *c = append(*c, f) }
+
+func (c *cleanup) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
+}
+
+// Create implements driver.Driver.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
+	return d.create(ctx, spec, "")
+}
+
+// create starts a sandbox afresh, or from a checkpoint image when
+// imageDir is set.
+func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) (_ driver.Instance, err error) {
+	t0 := time.Now()
+	id := spec.ID
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("gvisor: invalid sandbox id %q", id)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = id
+	}
+	rootfs := filepath.Clean(spec.RootfsDir)
+	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() || !filepath.IsAbs(rootfs) {
+		return nil, fmt.Errorf("gvisor: rootfs %q is not an absolute directory path (%v)", spec.RootfsDir, err)
+	}
+	// runsc's gofer runs as the sandbox's root (host UIDBase): it must be
+	// able to walk to the template and the agent.
+	if err := ensureTraversable(filepath.Dir(rootfs), d.opts.Logf); err != nil {
+		return nil, err
+	}
+	dir := d.sandboxDir(id)
+	sdir := d.sockDir(id)
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+
+	// 1. Host dirs. An existing dir means a live or leftover sandbox of
+	// that id: refuse rather than clean up something that is not ours.
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("gvisor: sandbox %s already exists", id)
+		}
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	undo.push(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil { // umask
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	if err := os.Mkdir(sdir, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	undo.push(func() { _ = os.RemoveAll(sdir) })
+	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	for _, p := range []string{upper, work, merged} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	// The sandbox's root (host UIDBase) owns its layer and socket dir.
+	for _, p := range []string{upper, work, sdir} {
+		if err := os.Lchown(p, int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	if spec.InitLayer != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: upper, UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
+			return nil, fmt.Errorf("gvisor: init layer: %w", err)
+		}
+	}
+
+	// 2. The writable layer: host overlayfs over the template.
+	var timing driver.Timing
+	tov := time.Now()
+	data := "lowerdir=" + rootfs + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NODEV, data); err != nil {
+		return nil, fmt.Errorf("gvisor: mount overlay: %w", err)
+	}
+	undo.push(func() { _ = unmountAll(dir) })
+	timing.Overlay = time.Since(tov)
+
+	// 3. Network namespace, if any.
+	network, netnsPath := "none", ""
+	if d.opts.NetNS != nil {
+		tn := time.Now()
+		undo.push(func() {
+			if d.opts.NetNSCleanup != nil {
+				_ = d.opts.NetNSCleanup(context.Background(), id)
+			}
+		})
+		if netnsPath, err = d.opts.NetNS(ctx, id); err != nil {
+			return nil, fmt.Errorf("gvisor: network: %w", err)
+		}
+		network = "sandbox"
+		timing.Network = time.Since(tn)
+	}
+
+	// 4. The bundle.
+	lim := d.limits(spec.Limits)
+	cfg := d.ociSpec(id, hostname, merged, sdir, netnsPath, lim)
+	if err := writeJSON(filepath.Join(dir, "config.json"), cfg); err != nil {
+		return nil, err
+	}
+	st := state{
+		ID:       id,
+		Network:  network,
+		NetNS:    netnsPath,
+		Cgroups:  d.cg.Paths(id),
+		Created:  time.Now().UTC().Format(time.RFC3339Nano),
+		Platform: d.opts.Platform,
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+
+	// 5. runsc run -detach: returns once the container's process runs.
+	tStart := time.Now()
+	undo.push(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), defaultDestroyWait)
+		defer cancel()
+		if err := d.teardown(ctx, id, st); err != nil {
+			d.opts.Logf("gvisor: %s: %v", id, err)
+		}
+	})
+	args := []string{"run", "-detach", "-bundle", dir, id}
+	if imageDir != "" {
+		args = restoreArgs(imageDir, dir, id)
+	}
+	if err := d.start(ctx, id, dir, network, args...); err != nil {
+		return nil, err
+	}
+	timing.Namespaces = time.Since(tStart)
+	cs, err := d.r.state(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	st.PID = cs.PID
+	if st.StartTime, err = procStartTime(cs.PID); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	if err := writeState(dir, st); err != nil {
+		return nil, err
+	}
+
+	// runsc wrote the limits; this adds what it leaves out (v1 memsw, so
+	// no swap on top of the memory limit).
+	inst := &Instance{d: d, id: id, dir: dir, sock: filepath.Join(sdir, sockName), st: st, group: d.cg.Open(st.Cgroups)}
+	tcg := time.Now()
+	if err := inst.group.SetLimits(lim); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	timing.Cgroups = time.Since(tcg)
+
+	// 6. Wait for the agent's socket.
+	if err := inst.watch(); err != nil {
+		return nil, err
+	}
+	if err := d.waitReady(ctx, inst); err != nil {
+		return nil, err
+	}
+	if d.opts.Probe != nil {
+		if err := d.opts.Probe(ctx, inst); err != nil {
+			return nil, fmt.Errorf("gvisor: sandbox %s: agent probe: %w", id, err)
+		}
+	}
+	timing.AgentReady = time.Since(tStart)
+	timing.Total = time.Since(t0)
+	inst.timing = timing
+	d.opts.Logf("gvisor: created %s in %v (overlay %v, runsc run %v, ready %v)",
+		id, timing.Total, timing.Overlay, timing.Namespaces, timing.AgentReady)
+	return inst, nil
+}
+
+// start runs `runsc <args>` (run or restore) with the sandbox's global
+// flags, its output going to <dir>/console.log.
+func (d *Driver) start(ctx context.Context, id, dir, network string, args ...string) error {
+	logf, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	defer logf.Close()
+	var logDir string
+	if d.opts.Debug {
+		logDir = filepath.Join(dir, "logs")
+	}
+	cmd := d.r.command(ctx, d.r.globals(logDir, network), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = dir
+	// The sandbox must outlive the node: its own session, no death signal.
+	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("gvisor: runsc %s %s: %w%s", args[0], id, err, logTail(filepath.Join(dir, "console.log")))
+	}
+	return nil
+}
+
+// waitReady polls the agent's socket until it accepts a connection.
+func (d *Driver) waitReady(ctx context.Context, inst *Instance) error {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
+	defer cancel()
+	wait := 200 * time.Microsecond
+	var lastErr error
+	for {
+		c, err := inst.Dial(ctx)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		lastErr = err
+		if cs, serr := d.r.state(ctx, inst.id); serr == nil && cs.Status == "stopped" {
+			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(filepath.Join(inst.dir, "console.log")))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("gvisor: sandbox %s: agent not ready: %w (%w)%s", inst.id, lastErr, ctx.Err(), logTail(filepath.Join(inst.dir, "console.log")))
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Millisecond)
+	}
+}
+
+// dialSocket connects to the unix socket at path without following a
+// symlink in its last element (the sandbox controls the dir's contents):
+// it opens the socket inode O_PATH|O_NOFOLLOW, checks it is a socket and
+// connects through /proc/self/fd.
+func dialSocket(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%s is not a socket (mode %#o)", path, st.Mode)
+	}
+	var dd net.Dialer
+	return dd.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+}
+
+// unmountAll lazily unmounts every mount at or below dir, deepest first.
+func unmountAll(dir string) error {
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range splitLines(string(b)) {
+		f := splitFields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeOctal(f[4])
+		if mp == dir || (len(mp) > len(dir) && mp[:len(dir)] == dir && mp[len(dir)] == '/') {
+			out = append(out, mp)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out, nil
+}

@@ -1,0 +1,148 @@
+package gvisor
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/drivertest"
+)
+
+func TestFindRunsc(t *testing.T) {
+	if _, err := FindRunsc("/nonexistent/runsc"); err == nil {
+		t.Error("FindRunsc of a missing path succeeded")
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	requireRunsc(t)
+	d := newDriver(t, testOptions(t, shortDir(t)))
+	inst := create(t, d, "iso", driver.Limits{MemoryBytes: 256 << 20})
+	// gVisor's kernel, not the host's; ids mapped like the namespace driver.
+	out := drivertest.MustSh(t, inst, "dmesg 2>/dev/null | head -1; id -u; echo x > /root/f; stat -c %u /bin/busybox; grep MemTotal /proc/meminfo; cat /proc/self/status | grep CapEff")
+	if !strings.Contains(out, "gVisor") && !strings.Contains(out, "Starting") {
+		t.Logf("dmesg: %s", out)
+	}
+	if !strings.Contains(out, "\n0\n0\n") {
+		t.Errorf("uid / file owner inside: %q", out)
+	}
+	if !strings.Contains(out, "262144 kB") {
+		t.Errorf("sentry memory not sized to the limit: %q", out)
+	}
+	layer, err := inst.WritableLayer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st os.FileInfo
+	if st, err = os.Lstat(filepath.Join(layer.Dir, "root/f")); err != nil {
+		t.Fatal(err)
+	}
+	if uid := fileUID(st); uid != DefaultUIDBase {
+		t.Errorf("file written by sandbox root has host uid %d, want %d", uid, DefaultUIDBase)
+	}
+	// A symlink planted where the host dials must not be followed.
+	drivertest.MustSh(t, inst, "ln -s /proc/self/fd/0 /.space/run/evil; ls /.space/run")
+	if _, err := dialSocket(testCtx(t), filepath.Join(d.sockDir("iso"), "evil")); err == nil {
+		t.Error("dialSocket followed a symlink")
+	}
+	// No network but loopback.
+	if out := drivertest.MustSh(t, inst, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev"); strings.Contains(out, "eth") {
+		t.Errorf("network interfaces: %q", out)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	requireRunsc(t)
+	d := newDriver(t, testOptions(t, shortDir(t)))
+	inst := create(t, d, "pz", driver.Limits{})
+	ctx := testCtx(t)
+	t0 := time.Now()
+	if err := inst.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tp := time.Since(t0)
+	if err := inst.Pause(ctx); err != nil {
+		t.Fatalf("second pause: %v", err)
+	}
+	// Attach sees a paused sandbox.
+	d2 := newDriver(t, d.opts)
+	if _, err := d2.Attach(ctx, "pz"); err != nil {
+		t.Fatalf("attach paused: %v", err)
+	}
+	t1 := time.Now()
+	if err := inst.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pause %v, resume %v", tp, time.Since(t1))
+	if got := drivertest.MustSh(t, inst, "echo back"); got != "back" {
+		t.Errorf("after resume: %q", got)
+	}
+}
+
+func TestAttachLost(t *testing.T) {
+	requireRunsc(t)
+	d := newDriver(t, testOptions(t, shortDir(t)))
+	inst := create(t, d, "lost", driver.Limits{})
+	// The sandbox dies behind the node's back.
+	if err := killPid(inst.PID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitGone(testCtx(t), inst.PID(), inst.st.StartTime); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inst.Done():
+	case <-time.After(5 * time.Second):
+		t.Error("Done not closed after the sandbox process died")
+	}
+	d2 := newDriver(t, d.opts)
+	if _, err := d2.Attach(testCtx(t), "lost"); err == nil || !strings.Contains(err.Error(), "lost") {
+		t.Fatalf("attach of a dead sandbox: %v", err)
+	}
+	if left := leftovers(d2, "lost"); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
+
+// BenchmarkCreateDestroy measures cold create (to agent ready), an exec
+// round trip and destroy.
+func BenchmarkCreateDestroy(b *testing.B) {
+	requireRunsc(b)
+	d := newDriver(b, testOptions(b, shortDir(b)))
+	var creates, execs, destroys []time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := "bench-" + strings.Repeat("x", i%2) + time.Now().Format("150405.000000")
+		id = strings.NewReplacer(".", "-").Replace(id)
+		t0 := time.Now()
+		inst, err := d.Create(context.Background(), driver.Spec{ID: id, RootfsDir: rootfs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		drivertest.MustSh(b, inst, "true")
+		t2 := time.Now()
+		if err := inst.Destroy(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		creates = append(creates, t1.Sub(t0))
+		execs = append(execs, t2.Sub(t1))
+		destroys = append(destroys, time.Since(t2))
+	}
+	b.ReportMetric(float64(median(creates).Microseconds())/1000, "create-ms")
+	b.ReportMetric(float64(median(execs).Microseconds())/1000, "exec-ms")
+	b.ReportMetric(float64(median(destroys).Microseconds())/1000, "destroy-ms")
+}
+
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

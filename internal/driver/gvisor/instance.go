@@ -1,0 +1,224 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/driver"
+)
+
+// Instance is one gVisor sandbox.
+type Instance struct {
+	d       *Driver
+	id      string
+	dir     string
+	sock    string
+	st      state
+	group   *cgroups.Group
+	timing  driver.Timing
+	done    <-chan struct{}
+	unwatch func()
+
+	mu        sync.Mutex
+	destroyed bool
+}
+
+var (
+	_ driver.Instance      = (*Instance)(nil)
+	_ driver.Pauser        = (*Instance)(nil)
+	_ driver.LayerInstance = (*Instance)(nil)
+)
+
+// ID implements driver.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// PID is the host pid of runsc's sandbox process (the sentry).
+func (i *Instance) PID() int { return i.st.PID }
+
+// Done is closed when the sandbox's process has exited, i.e. the sandbox
+// is dead (killed, OOM) and only needs Destroy.
+func (i *Instance) Done() <-chan struct{} { return i.done }
+
+// watch starts watching the sandbox process for Done.
+func (i *Instance) watch() error {
+	done, err := watchExit(i.st.PID, i.st.StartTime)
+	if err != nil {
+		return fmt.Errorf("gvisor: %s: %w", i.id, err)
+	}
+	i.done = done
+	return nil
+}
+
+// Cgroup is the sandbox's cgroup.
+func (i *Instance) Cgroup() *cgroups.Group { return i.group }
+
+// Dial implements driver.Instance.
+func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
+	c, err := dialSocket(ctx, i.sock)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: dial agent of %s: %w", i.id, err)
+	}
+	return c, nil
+}
+
+// SetLimits implements driver.Instance. Zero fields take the driver's
+// defaults. The sentry sized its memory at start; a lower limit later is
+// enforced by the host cgroup (the sandbox is then OOM-killed as a whole).
+func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
+	if err := i.group.SetLimits(i.d.limits(l)); err != nil {
+		return fmt.Errorf("gvisor: %s: %w", i.id, err)
+	}
+	return nil
+}
+
+// OOMKills implements driver.Instance: host OOM kills in the sandbox's
+// cgroup (each one kills the sandbox). Kills of processes by the sentry's
+// own memory accounting are not counted.
+func (i *Instance) OOMKills() (uint64, error) { return i.group.OOMKills() }
+
+// Timing implements driver.Instance.
+func (i *Instance) Timing() driver.Timing { return i.timing }
+
+// WritableLayer implements driver.LayerInstance: the host overlay's upper
+// dir. Read it only while the sandbox is paused.
+func (i *Instance) WritableLayer() (driver.Layer, error) {
+	return driver.Layer{Dir: filepath.Join(i.dir, "upper"), UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount}, nil
+}
+
+// Pause implements driver.Pauser (runsc pause). Idempotent.
+func (i *Instance) Pause(ctx context.Context) error {
+	cs, err := i.d.r.state(ctx, i.id)
+	if err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", i.id, err)
+	}
+	if cs.Status == "paused" {
+		return nil
+	}
+	if _, err := i.d.r.run(ctx, "pause", i.id); err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", i.id, err)
+	}
+	return nil
+}
+
+// Resume implements driver.Pauser (runsc resume). Idempotent.
+func (i *Instance) Resume(ctx context.Context) error {
+	cs, err := i.d.r.state(ctx, i.id)
+	if err != nil {
+		return fmt.Errorf("gvisor: resume %s: %w", i.id, err)
+	}
+	if cs.Status != "paused" {
+		return nil
+	}
+	if _, err := i.d.r.run(ctx, "resume", i.id); err != nil {
+		return fmt.Errorf("gvisor: resume %s: %w", i.id, err)
+	}
+	return nil
+}
+
+// Destroy implements driver.Instance.
+func (i *Instance) Destroy(ctx context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.destroyed {
+		return nil
+	}
+	if err := i.d.teardown(ctx, i.id, i.st); err != nil {
+		return err
+	}
+	i.destroyed = true
+	return nil
+}
+
+// teardown kills a sandbox and removes everything it had on the host. Each
+// step tolerates what is already gone, so it can be repeated.
+func (d *Driver) teardown(ctx context.Context, id string, st state) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultDestroyWait)
+		defer cancel()
+	}
+	var errs []error
+	// runsc kills the sandbox and gofer, removes the cgroups it made and
+	// its files in --root.
+	if err := d.r.remove(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	// Backstop: a sandbox process runsc lost track of.
+	if st.PID > 0 {
+		if t, err := procStartTime(st.PID); err == nil && t == st.StartTime {
+			_ = killPid(st.PID)
+			if err := waitGone(ctx, st.PID, st.StartTime); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	groups := []*cgroups.Group{d.cg.Open(d.cg.Paths(id))}
+	if d.cg.Validate(st.Cgroups, id) == nil {
+		groups = append(groups, d.cg.Open(st.Cgroups))
+	}
+	for _, g := range groups {
+		if err := g.Destroy(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Hierarchies the cgroups package does not manage (blkio, devices, ...)
+	// where runsc made dirs too.
+	removeOtherCgroupDirs(d.opts.CgroupBase, id)
+	if len(errs) > 0 {
+		// Keep the state so a later Destroy or Sweep can retry.
+		return fmt.Errorf("gvisor: destroy %s: %w", id, errors.Join(errs...))
+	}
+	d.removeRunscFiles(id)
+	if d.opts.NetNSCleanup != nil && st.Network == "sandbox" {
+		if err := d.opts.NetNSCleanup(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
+	}
+	dir := d.sandboxDir(id)
+	if err := unmountAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountAll(d.sockDir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range []string{d.sockDir(id), dir} {
+		if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gvisor: destroy %s: %w", id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// removeRunscFiles removes runsc's own files for id from --root when runsc
+// no longer knows the container (a crash mid-create, a deleted state).
+func (d *Driver) removeRunscFiles(id string) {
+	for _, name := range []string{"runsc-" + id + ".sock", id + "_sandbox:" + id + ".state", id + "_sandbox:" + id + ".lock"} {
+		_ = os.Remove(filepath.Join(d.r.root, name))
+	}
+}
+
+// waitGone waits until pid has exited or ctx ends.
+func waitGone(ctx context.Context, pid int, start uint64) error {
+	for {
+		t, err := procStartTime(pid)
+		if err != nil || t != start || isZombie(pid) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pid %d still running: %w", pid, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

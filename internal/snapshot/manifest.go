@@ -1,0 +1,241 @@
+package snapshot
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+)
+
+// Entry types.
+const (
+	TypeDir      = "dir"
+	TypeFile     = "file"
+	TypeSymlink  = "symlink"
+	TypeHardlink = "hardlink" // another name of the file at Target
+	TypeWhiteout = "whiteout" // overlay whiteout (char device 0/0): hides a lower file
+	TypeFIFO     = "fifo"
+)
+
+// Bounds on what a manifest may hold; a layer beyond them is refused.
+const (
+	MaxEntries    = 2_000_000
+	maxPathLen    = 4096
+	maxNameLen    = 255
+	maxXattrs     = 64
+	maxXattrValue = 64 << 10
+	maxDepth      = 512
+)
+
+// Manifest is one snapshot: entries added or changed since its parent
+// (full records) and paths removed since it (with everything below them).
+type Manifest struct {
+	Version int      `json:"v"`
+	Entries []Entry  `json:"entries"`
+	Removed []string `json:"removed,omitempty"`
+}
+
+const manifestVersion = 1
+
+// Entry is one file of the writable layer. Ids are the sandbox's own (host
+// id minus the layer's base), so a snapshot restores under any base.
+type Entry struct {
+	Path    string            `json:"p"`
+	Type    string            `json:"t"`
+	Mode    uint32            `json:"m,omitempty"` // permissions, setuid/setgid/sticky
+	UID     uint32            `json:"u,omitempty"`
+	GID     uint32            `json:"g,omitempty"`
+	MtimeNS int64             `json:"mt,omitempty"`
+	Size    int64             `json:"s,omitempty"`
+	Chunks  []string          `json:"c,omitempty"`
+	Target  string            `json:"l,omitempty"` // symlink target; hardlink's other path
+	Xattrs  map[string][]byte `json:"x,omitempty"`
+	// Host identity of the captured inode, for change detection only: an
+	// inode with the same number, ctime and size has not changed.
+	Ino     uint64 `json:"i,omitempty"`
+	CtimeNS int64  `json:"ct,omitempty"`
+}
+
+// sameContent compares everything but the host identity.
+func (e *Entry) sameContent(o *Entry) bool {
+	if e.Path != o.Path || e.Type != o.Type || e.Mode != o.Mode || e.UID != o.UID || e.GID != o.GID ||
+		e.MtimeNS != o.MtimeNS || e.Size != o.Size || e.Target != o.Target ||
+		len(e.Chunks) != len(o.Chunks) || len(e.Xattrs) != len(o.Xattrs) {
+		return false
+	}
+	for i := range e.Chunks {
+		if e.Chunks[i] != o.Chunks[i] {
+			return false
+		}
+	}
+	for k, v := range e.Xattrs {
+		if ov, ok := o.Xattrs[k]; !ok || string(ov) != string(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// validPath accepts a clean, relative, slash-separated path without "."
+// or ".." components or NUL bytes.
+func validPath(p string) bool {
+	if p == "" || len(p) > maxPathLen || p[0] == '/' || strings.IndexByte(p, 0) >= 0 || path.Clean(p) != p {
+		return false
+	}
+	n := 0
+	for _, c := range strings.Split(p, "/") {
+		if c == "" || c == "." || c == ".." || len(c) > maxNameLen {
+			return false
+		}
+		n++
+	}
+	return n <= maxDepth
+}
+
+func (e *Entry) validate() error {
+	if !validPath(e.Path) {
+		return fmt.Errorf("bad path %.100q", e.Path)
+	}
+	if e.Mode&^0o7777 != 0 {
+		return fmt.Errorf("%s: bad mode %o", e.Path, e.Mode)
+	}
+	if e.Size < 0 {
+		return fmt.Errorf("%s: negative size", e.Path)
+	}
+	switch e.Type {
+	case TypeFile:
+		if int64(len(e.Chunks)) != (e.Size+ChunkSize-1)/ChunkSize {
+			return fmt.Errorf("%s: %d chunks for %d bytes", e.Path, len(e.Chunks), e.Size)
+		}
+		for _, c := range e.Chunks {
+			if !ValidDigest(c) {
+				return fmt.Errorf("%s: bad chunk digest", e.Path)
+			}
+		}
+	case TypeSymlink:
+		if e.Target == "" || len(e.Target) > maxPathLen || strings.IndexByte(e.Target, 0) >= 0 {
+			return fmt.Errorf("%s: bad symlink target", e.Path)
+		}
+	case TypeHardlink:
+		if !validPath(e.Target) || e.Target == e.Path {
+			return fmt.Errorf("%s: bad hard link target", e.Path)
+		}
+	case TypeDir, TypeWhiteout, TypeFIFO:
+	default:
+		return fmt.Errorf("%s: unknown type %.20q", e.Path, e.Type)
+	}
+	if e.Type != TypeFile && len(e.Chunks) > 0 {
+		return fmt.Errorf("%s: chunks on a %s", e.Path, e.Type)
+	}
+	if len(e.Xattrs) > maxXattrs {
+		return fmt.Errorf("%s: too many xattrs", e.Path)
+	}
+	for k, v := range e.Xattrs {
+		if !keepXattr(k) || len(v) > maxXattrValue {
+			return fmt.Errorf("%s: xattr %.64q not allowed", e.Path, k)
+		}
+	}
+	return nil
+}
+
+func (m *Manifest) validate() error {
+	if m.Version != manifestVersion {
+		return fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	}
+	if len(m.Entries)+len(m.Removed) > MaxEntries {
+		return errors.New("too many entries")
+	}
+	for i := range m.Entries {
+		if err := m.Entries[i].validate(); err != nil {
+			return err
+		}
+	}
+	for _, r := range m.Removed {
+		if !validPath(r) {
+			return fmt.Errorf("bad removed path %.100q", r)
+		}
+	}
+	return nil
+}
+
+// keepXattr says which extended attributes a snapshot records: the
+// sandbox's own user.* ones and overlay's opaque/redirect markers, file
+// capabilities and ACLs. Overlay's inode bookkeeping (origin, impure, ...)
+// refers to the old upper inodes and is dropped.
+func keepXattr(name string) bool {
+	switch name {
+	case "security.capability", "system.posix_acl_access", "system.posix_acl_default",
+		"user.overlay.opaque", "user.overlay.redirect":
+		return true
+	}
+	return strings.HasPrefix(name, "user.") && !strings.HasPrefix(name, "user.overlay.") && len(name) <= maxNameLen
+}
+
+// State is a writable layer's full contents by path.
+type State map[string]*Entry
+
+// apply updates st with one manifest: removals first (with their
+// subtrees), then the new and changed entries.
+func (st State) apply(m *Manifest) {
+	if len(m.Removed) > 0 {
+		gone := make(map[string]bool, len(m.Removed))
+		for _, r := range m.Removed {
+			gone[r] = true
+		}
+		for p := range st {
+			for q := p; q != "."; q = path.Dir(q) {
+				if gone[q] {
+					delete(st, p)
+					break
+				}
+			}
+		}
+	}
+	for i := range m.Entries {
+		e := m.Entries[i]
+		st[e.Path] = &e
+	}
+}
+
+// validate checks the tree is consistent: every parent is a directory of
+// the state (or the layer's root) and hard links name regular files.
+func (st State) validate() error {
+	if len(st) > MaxEntries {
+		return errors.New("too many entries")
+	}
+	for p, e := range st {
+		if dir := path.Dir(p); dir != "." {
+			if pe := st[dir]; pe == nil || pe.Type != TypeDir {
+				return fmt.Errorf("%.100q: parent is not a directory of the layer", p)
+			}
+		}
+		if e.Type == TypeHardlink {
+			if t := st[e.Target]; t == nil || t.Type != TypeFile {
+				return fmt.Errorf("%.100q: hard link to a missing file", p)
+			}
+		}
+	}
+	return nil
+}
+
+// Paths returns the state's paths in order, parents before children.
+func (st State) Paths() []string {
+	out := make([]string, 0, len(st))
+	for p := range st {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// LogicalBytes is the total size of the state's regular files.
+func (st State) LogicalBytes() int64 {
+	var n int64
+	for _, e := range st {
+		if e.Type == TypeFile {
+			n += e.Size
+		}
+	}
+	return n
+}
