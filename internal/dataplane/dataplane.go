@@ -142,6 +142,9 @@ func (s *Server) authorize(r *http.Request) (*node.Sandbox, error) {
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found")
 	}
 	sb, err := s.o.Node.Sandbox(sess.SandboxID)
+	if errors.Is(err, core.ErrConflict) {
+		return nil, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
+	}
 	if err != nil {
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found or not running")
 	}
@@ -567,4 +570,3 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request, sb *node.Sandbox) 
 	return nil
 }
 
-var _ = core.ErrNotFound

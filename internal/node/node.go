@@ -628,7 +628,7 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 			continue
 		}
 		for {
-			ev, err := er.Next()
+			ev, err := er.NextShared() // the log copies what it keeps
 			if err != nil {
 				er.Close()
 				break

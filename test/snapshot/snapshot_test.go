@@ -40,10 +40,8 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("paused sandbox: %v", res)
 	}
 	// The data plane refuses a paused sandbox (it never hangs on it).
-	if st, m, err := sb.dp("POST", "/commands", map[string]any{"shell": "true"}); err != nil || st < 400 {
-		t.Fatalf("command on a paused sandbox: %d %v %v", st, m, err)
-	} else {
-		t.Logf("data plane on a paused sandbox answers %d %s", st, str(m, "error", "code"))
+	if st, m, err := sb.dp("POST", "/commands", map[string]any{"shell": "true"}); err != nil || st != 409 || str(m, "error", "code") != "sandbox_paused" {
+		t.Fatalf("command on a paused sandbox: %d %v %v, want 409 sandbox_paused", st, m, err)
 	}
 	// Pausing again is a no-op; its timeout can change while paused.
 	e.op(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil)

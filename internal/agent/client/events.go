@@ -27,6 +27,9 @@ type EventReader struct {
 	done bool
 	err  error
 	hdr  [agent.FrameHeaderSize]byte
+
+	shared bool   // the current read may reuse buf
+	buf    []byte // payload buffer reused by NextShared
 }
 
 // Events follows a process's events after seq after (0: from the start).
@@ -57,9 +60,22 @@ func newEventReader(body io.ReadCloser, after uint64) *EventReader {
 // the exit event fails with io.ErrUnexpectedEOF; a malformed one with
 // ErrBadFrame.
 func (r *EventReader) Next() (agent.Event, error) {
+	return r.read(false)
+}
+
+// NextShared is Next for a caller that is done with each event before it
+// asks for the next: the returned Data is only valid until the next call,
+// and its buffer is reused, which spares a large allocation per event on
+// bulk output.
+func (r *EventReader) NextShared() (agent.Event, error) {
+	return r.read(true)
+}
+
+func (r *EventReader) read(shared bool) (agent.Event, error) {
 	if r.err != nil {
 		return agent.Event{}, r.err
 	}
+	r.shared = shared
 	ev, err := r.next()
 	if err != nil {
 		r.err = err
@@ -92,7 +108,15 @@ func (r *EventReader) next() (agent.Event, error) {
 		// predecessor.
 		return agent.Event{}, fmt.Errorf("%w: seq %d after %d", ErrBadFrame, seq, r.last)
 	}
-	data := make([]byte, n)
+	var data []byte
+	if r.shared {
+		if cap(r.buf) < int(n) {
+			r.buf = make([]byte, n)
+		}
+		data = r.buf[:n]
+	} else {
+		data = make([]byte, n)
+	}
 	if _, err := io.ReadFull(r.br, data); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
