@@ -127,6 +127,10 @@ type netInstance struct {
 	n *Network
 }
 
+// Unwrap exposes the driver's instance, so its optional interfaces (pause,
+// writable layer, liveness) stay reachable through driver.As.
+func (i *netInstance) Unwrap() driver.Instance { return i.Instance }
+
 func (i *netInstance) Destroy(ctx context.Context) error {
 	err := i.Instance.Destroy(ctx)
 	i.n.Release(i.ID())

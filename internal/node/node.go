@@ -265,7 +265,7 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 // watch reports a sandbox lost when its instance dies while this node still
 // runs it (a deliberate stop removes it from the map first).
 func (n *Node) watch(h *Sandbox) {
-	d, ok := h.inst.(interface{ Done() <-chan struct{} })
+	d, ok := driver.As[interface{ Done() <-chan struct{} }](h.inst)
 	if !ok || n.o.OnLost == nil {
 		return
 	}
