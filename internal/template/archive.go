@@ -26,6 +26,7 @@ const (
 	maxArchiveEntries  = 1 << 16
 	maxArchiveMetaSize = 4 << 20 // index.json, manifest.json, manifests
 	maxIndexDepth      = 4
+	maxIndexEntries    = 1024 // descriptors visited over all nested indexes
 )
 
 // tarIndex maps the regular files (and symlinks) of an uncompressed,
@@ -81,7 +82,7 @@ func (m *Manager) archiveImage(ctx context.Context, p string) (img *ociImage, er
 		if _, ok := idx.files["manifest.json"]; ok {
 			img, err = idx.dockerArchive(p)
 		} else {
-			err = fmt.Errorf("%w: %s is neither an OCI layout (oci-layout, index.json) nor a docker-archive (manifest.json)", ErrInvalid, p)
+			err = fmt.Errorf("%w: %s is neither an OCI layout (oci-layout, index.json) nor a docker-archive (manifest.json)", ErrInvalid, filepath.Base(p))
 		}
 	}
 	if err != nil {
@@ -239,12 +240,15 @@ func platformOK(p *v1.Platform) bool {
 
 // pickManifest finds the one linux image manifest for this architecture
 // under an index, descending into nested indexes.
-func (idx *tarIndex) pickManifest(ix *v1.IndexManifest, depth int) ([]v1.Descriptor, error) {
+func (idx *tarIndex) pickManifest(ix *v1.IndexManifest, depth int, budget *int) ([]v1.Descriptor, error) {
 	if depth > maxIndexDepth {
 		return nil, fmt.Errorf("%w: indexes nested deeper than %d", ErrUnsafeInput, maxIndexDepth)
 	}
 	var out []v1.Descriptor
 	for _, d := range ix.Manifests {
+		if *budget--; *budget < 0 {
+			return nil, fmt.Errorf("%w: indexes list more than %d entries", ErrLimit, maxIndexEntries)
+		}
 		switch {
 		case isImageManifest(d.MediaType) && platformOK(d.Platform):
 			out = append(out, d)
@@ -257,7 +261,7 @@ func (idx *tarIndex) pickManifest(ix *v1.IndexManifest, depth int) ([]v1.Descrip
 			if err != nil {
 				return nil, fmt.Errorf("%w: index %s: %w", ErrUnsafeInput, d.Digest, err)
 			}
-			more, err := idx.pickManifest(sub, depth+1)
+			more, err := idx.pickManifest(sub, depth+1, budget)
 			if err != nil {
 				return nil, err
 			}
@@ -276,7 +280,8 @@ func (idx *tarIndex) ociLayout(p string) (*ociImage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: index.json: %w", ErrUnsafeInput, err)
 	}
-	cands, err := idx.pickManifest(ix, 0)
+	budget := maxIndexEntries
+	cands, err := idx.pickManifest(ix, 0, &budget)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +291,7 @@ func (idx *tarIndex) ociLayout(p string) (*ociImage, error) {
 		uniq[c.Digest] = c
 	}
 	if len(uniq) != 1 {
-		return nil, fmt.Errorf("%w: OCI layout %s holds %d linux/%s images, want exactly one", ErrInvalid, p, len(uniq), runtime.GOARCH)
+		return nil, fmt.Errorf("%w: OCI layout %s holds %d linux/%s images, want exactly one", ErrInvalid, filepath.Base(p), len(uniq), runtime.GOARCH)
 	}
 	md := cands[0]
 	mb, err := idx.readBlob(md, maxArchiveMetaSize)
@@ -347,7 +352,7 @@ func (idx *tarIndex) dockerArchive(p string) (*ociImage, error) {
 		return nil, fmt.Errorf("%w: manifest.json: %w", ErrUnsafeInput, err)
 	}
 	if len(ms) != 1 {
-		return nil, fmt.Errorf("%w: docker-archive %s holds %d images, want exactly one", ErrInvalid, p, len(ms))
+		return nil, fmt.Errorf("%w: docker-archive %s holds %d images, want exactly one", ErrInvalid, filepath.Base(p), len(ms))
 	}
 	dm := ms[0]
 	if len(dm.Layers) > maxLayers {

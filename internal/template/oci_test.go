@@ -537,6 +537,9 @@ func TestHostileImages(t *testing.T) {
 			c.Config.Env = []string{"A=b\x00c"}
 		}},
 		{name: "other-os", layers: one(file("a", "b")), wantErr: ErrUnsupported, cfg: func(c *v1.ConfigFile) { c.OS = "windows" }},
+		{name: "huge-config", layers: one(file("a", "b")), wantErr: ErrLimit, cfg: func(c *v1.ConfigFile) {
+			c.Config.Env = []string{"A=" + strings.Repeat("x", 5<<20)}
+		}},
 	}
 	reg := testRegistry(t, "")
 	for i, c := range cases {
@@ -591,25 +594,14 @@ func TestHostileImages(t *testing.T) {
 func TestImageZstdAndUncompressedLayers(t *testing.T) {
 	m := newImageManager(t, Options{})
 	reg := testRegistry(t, "")
-	var ls []v1.Layer
-	for i, opt := range []tarball.LayerOption{tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCIUncompressedLayer)} {
-		b := mkTar(t, []tarEntry{file(fmt.Sprintf("f%d", i), fmt.Sprintf("layer %d", i))}, false)
-		opener := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-		if i == 1 {
-			l, err := partialUncompressed(b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ls = append(ls, l)
-			continue
-		}
-		l, err := tarball.LayerFromOpener(opener, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
+	b0 := mkTar(t, []tarEntry{file("f0", "layer 0")}, false)
+	zst, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b0)), nil },
+		tarball.WithCompression(compression.ZStd))
+	if err != nil {
+		t.Fatal(err)
 	}
-	img, err := mutate.AppendLayers(empty.Image, ls...)
+	plain := static.NewLayer(mkTar(t, []tarEntry{file("f1", "layer 1")}, false), types.OCIUncompressedLayer)
+	img, err := mutate.AppendLayers(empty.Image, zst, plain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +614,145 @@ func TestImageZstdAndUncompressedLayers(t *testing.T) {
 	}
 }
 
-// partialUncompressed is a layer stored uncompressed in the registry.
-func partialUncompressed(b []byte) (v1.Layer, error) {
-	return static.NewLayer(b, types.OCIUncompressedLayer), nil
+func TestImageBuildCancelled(t *testing.T) {
+	m := newImageManager(t, Options{})
+	reg := testRegistry(t, "")
+	ref := push(t, reg, "c/c:1", layeredImage(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := m.Build(ctx, BuildRequest{Name: "c", Source: SourceImage, Image: ref}, func(stage string, done, total int64, msg string) {
+		if stage == "pull" {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled pull: %v", err)
+	}
+	assertEmptyDir(t, m.tmpDir())
+	assertEmptyDir(t, m.rootfsRoot())
+	assertEmptyDir(t, m.namesDir())
+	// The same build then succeeds.
+	tpl, err := m.Build(context.Background(), BuildRequest{Name: "c", Source: SourceImage, Image: ref}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLayered(t, tpl)
+}
+
+// A registry that serves a blob other than the one its digest names fails
+// the build, and nothing is committed.
+func TestImageTamperedBlob(t *testing.T) {
+	m := newImageManager(t, Options{})
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	tamper := "" // the digest whose blob is corrupted
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tamper != "" && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/blobs/"+tamper) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, r)
+			b := rec.Body.Bytes()
+			if len(b) > 0 {
+				b[len(b)-1] ^= 0xff
+			}
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			w.Write(b)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	img := mkImage(t, [][]byte{mkTar(t, []tarEntry{file("a", "b")}, false)}, v1.Config{})
+	ref := push(t, strings.TrimPrefix(srv.URL, "http://"), "t/t:1", img)
+	mf, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []v1.Hash{mf.Config.Digest, mf.Layers[0].Digest} {
+		tamper = d.String()
+		_, err := m.Build(context.Background(), BuildRequest{Name: "t", Source: SourceImage, Image: ref}, nil)
+		if err == nil {
+			t.Fatalf("tampered blob %s accepted", d)
+		}
+		t.Logf("rejected: %v", err)
+		assertEmptyDir(t, m.tmpDir())
+		assertEmptyDir(t, m.rootfsRoot())
+		assertEmptyDir(t, m.namesDir())
+	}
+}
+
+// TestHostileArchives covers docker-archive and OCI-layout tarballs that lie.
+func TestHostileArchives(t *testing.T) {
+	img := mkImage(t, [][]byte{mkTar(t, []tarEntry{file("a", "b")}, false)}, v1.Config{})
+	raw, _ := img.RawConfigFile()
+	cfgDigest, _ := img.ConfigName()
+	layers, _ := img.Layers()
+	lrc, _ := layers[0].Compressed()
+	layerBytes, _ := io.ReadAll(lrc)
+	ld, _ := layers[0].Digest()
+	mfRaw, _ := img.RawManifest()
+	md, _ := img.Digest()
+	desc := func(d v1.Hash, size int64) string {
+		return fmt.Sprintf(`{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":%q,"size":%d}`, d, size)
+	}
+	index := func(entries ...string) string {
+		return `{"schemaVersion":2,"manifests":[` + strings.Join(entries, ",") + `]}`
+	}
+	oci := func(idx string, blobs map[v1.Hash][]byte) []byte {
+		ents := []tarEntry{file("oci-layout", `{"imageLayoutVersion":"1.0.0"}`), file("index.json", idx)}
+		for d, b := range blobs {
+			ents = append(ents, file("blobs/sha256/"+d.Hex, string(b)))
+		}
+		return mkTar(t, ents, false)
+	}
+	good := map[v1.Hash][]byte{md: mfRaw, cfgDigest: raw, ld: layerBytes}
+	corrupt := bytes.Clone(layerBytes)
+	corrupt[len(corrupt)/2] ^= 0xff
+	many := make([]string, 2000)
+	for i := range many {
+		many[i] = desc(md, int64(len(mfRaw)))
+	}
+	docker := func(manifest string) []byte {
+		return mkTar(t, []tarEntry{file("manifest.json", manifest), file("config.json", string(raw)), file("layer.tar", string(layerBytes))}, false)
+	}
+	cases := []struct {
+		name    string
+		data    []byte
+		wantErr error
+	}{
+		{"oci-good", oci(index(desc(md, int64(len(mfRaw)))), good), nil},
+		{"oci-corrupt-layer", oci(index(desc(md, int64(len(mfRaw)))), map[v1.Hash][]byte{md: mfRaw, cfgDigest: raw, ld: corrupt}), ErrUnsafeInput},
+		{"oci-wrong-manifest-size", oci(index(desc(md, int64(len(mfRaw))+1)), good), ErrUnsafeInput},
+		{"oci-missing-blob", oci(index(desc(md, int64(len(mfRaw)))), map[v1.Hash][]byte{md: mfRaw}), ErrInvalid},
+		{"oci-index-fanout", oci(index(many...), good), ErrLimit},
+		{"oci-huge-index", oci(strings.Repeat(" ", 5<<20)+index(), good), ErrLimit},
+		{"oci-no-image", oci(index(), good), ErrInvalid},
+		{"docker-good", docker(`[{"Config":"config.json","Layers":["layer.tar"]}]`), nil},
+		{"docker-two-images", docker(`[{"Config":"config.json","Layers":["layer.tar"]},{"Config":"config.json","Layers":["layer.tar"]}]`), ErrInvalid},
+		{"docker-dotdot-layer", docker(`[{"Config":"config.json","Layers":["../../etc/passwd"]}]`), ErrUnsafeInput},
+		{"docker-abs-config", docker(`[{"Config":"/etc/passwd","Layers":["layer.tar"]}]`), ErrInvalid},
+		{"docker-layer-count", docker(`[{"Config":"config.json","Layers":["layer.tar","layer.tar"]}]`), ErrUnsafeInput},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := newImageManager(t, Options{})
+			tpl, err := m.Build(context.Background(), BuildRequest{Name: "a", Source: SourceArchive, Path: writeTemp(t, c.data)}, nil)
+			if c.wantErr == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b, _ := os.ReadFile(filepath.Join(tpl.RootfsDir, "a")); string(b) != "b" {
+					t.Errorf("content %q", b)
+				}
+				return
+			}
+			if !errors.Is(err, c.wantErr) {
+				t.Errorf("error %v, want %v", err, c.wantErr)
+			}
+			t.Logf("rejected: %v", err)
+			assertEmptyDir(t, m.tmpDir())
+			assertEmptyDir(t, m.rootfsRoot())
+		})
+	}
 }

@@ -33,6 +33,15 @@ const maxRefLen = 512
 // remoteImage resolves ref (tag or digest) to one linux image for this
 // node's architecture and reads its config.
 func (m *Manager) remoteImage(ctx context.Context, ref string) (*ociImage, error) {
+	tr := m.registryTransport()
+	out, err := m.resolveRemote(ctx, ref, tr)
+	if err != nil {
+		tr.CloseIdleConnections()
+	}
+	return out, err
+}
+
+func (m *Manager) resolveRemote(ctx context.Context, ref string, tr *http.Transport) (*ociImage, error) {
 	if ref == "" || len(ref) > maxRefLen || strings.ContainsAny(ref, "\x00\n\r\t ") {
 		return nil, fmt.Errorf("%w: image reference %.80q", ErrInvalid, ref)
 	}
@@ -44,7 +53,6 @@ func (m *Manager) remoteImage(ctx context.Context, ref string) (*ociImage, error
 	if err != nil {
 		return nil, err
 	}
-	tr := m.registryTransport()
 	opts := func(ctx context.Context) []remote.Option {
 		return []remote.Option{
 			remote.WithContext(ctx),
@@ -80,7 +88,7 @@ func (m *Manager) remoteImage(ctx context.Context, ref string) (*ociImage, error
 	if err != nil {
 		return nil, fmt.Errorf("%w: image config: %w", ErrUnsafeInput, err)
 	}
-	out := &ociImage{ref: r.String(), manifestDigest: md.String(), configDigest: mf.Config.Digest.String(), config: cfg, close: func() {}}
+	out := &ociImage{ref: r.String(), manifestDigest: md.String(), configDigest: mf.Config.Digest.String(), config: cfg, close: tr.CloseIdleConnections}
 	for _, d := range mf.Layers {
 		out.layers = append(out.layers, ociLayer{digest: d.Digest.String(), size: d.Size,
 			open: func(ctx context.Context) (io.ReadCloser, error) {
@@ -97,7 +105,7 @@ func (m *Manager) remoteImage(ctx context.Context, ref string) (*ociImage, error
 // registryTransport dials only public addresses unless told otherwise; the
 // check runs on the address actually dialled, so DNS rebinding and
 // redirects to internal hosts are caught too.
-func (m *Manager) registryTransport() http.RoundTripper {
+func (m *Manager) registryTransport() *http.Transport {
 	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	if !m.opts.AllowPrivateRegistries {
 		d.Control = func(network, address string, _ syscall.RawConn) error {

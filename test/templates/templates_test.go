@@ -413,4 +413,8 @@ func TestImageTemplatesEndToEnd(t *testing.T) {
 	if last := s.follow(t, m["operation"].(map[string]any)["id"].(string)); last[len(last)-1].State != "failed" {
 		t.Errorf("junk archive built: %+v", last[len(last)-1])
 	}
+	// Every upload's spool file is gone once its build is done.
+	if left, _ := filepath.Glob(filepath.Join(os.TempDir(), "space-template-upload-*")); len(left) > 0 {
+		t.Errorf("upload spool files left: %v", left)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,8 @@ type Env struct {
 }
 
 // Run runs the conformance suite as subtests of t.
+//
+// The driver's test selects it with `go test ./... -run Conformance`.
 func Run(t *testing.T, env Env) {
 	t.Run("CreateExecDestroy", func(t *testing.T) { testCreateExecDestroy(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
@@ -320,4 +323,47 @@ func testBadSpecs(t *testing.T, env Env) {
 	if got := MustSh(t, dup, "echo still"); got != "still" {
 		t.Errorf("after a duplicate create: %q", got)
 	}
+}
+
+// Bench measures, per iteration, a cold create (to agent ready), an exec
+// round trip through the agent client (`true`, output and exit followed)
+// and a destroy, and reports their medians. Open is called once with a
+// fresh dir.
+func Bench(b *testing.B, env Env, dir string, newDriver func(dir string) driver.Driver) {
+	d := newDriver(dir)
+	var creates, execs, destroys []time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("bench-%d", i)
+		t0 := time.Now()
+		inst, err := d.Create(context.Background(), driver.Spec{ID: id, RootfsDir: env.Rootfs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		for range 5 {
+			t := time.Now()
+			MustSh(b, inst, "true")
+			execs = append(execs, time.Since(t))
+		}
+		t2 := time.Now()
+		if err := inst.Destroy(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		creates = append(creates, t1.Sub(t0))
+		destroys = append(destroys, time.Since(t2))
+	}
+	b.ReportMetric(ms(median(creates)), "create-ms")
+	b.ReportMetric(ms(median(execs)), "exec-ms")
+	b.ReportMetric(ms(median(destroys)), "destroy-ms")
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -1,14 +1,18 @@
 package gvisor
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 )
 
 // Checkpoint saves the sandbox's whole state (every process with its
@@ -16,14 +20,50 @@ import (
 // which stops the sandbox. Its writable layer must be saved alongside
 // (WritableLayer): a restore needs the same files. The instance only needs
 // Destroy afterwards.
+//
+// gVisor cannot save a listening host socket, so the agent first releases
+// its listener (package agentlisten); an agent without that route makes
+// Checkpoint fail with driver.ErrUnsupported, the sandbox untouched.
 func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
+	if err := i.releaseListener(ctx); err != nil {
+		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
+	}
 	if _, err := i.d.r.run(ctx, "checkpoint", "-image-path", imageDir, i.id); err != nil {
+		// Let the agent listen again.
+		_ = os.Remove(i.sock + agentlisten.MarkerSuffix)
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
 	return nil
+}
+
+// releaseListener asks the agent to close its listening socket.
+func (i *Instance) releaseListener(ctx context.Context) error {
+	c, err := i.Dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(c, "POST "+agentlisten.ReleasePath+" HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK:
+		return nil
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return fmt.Errorf("the agent cannot release its listener (%s): %w", resp.Status, driver.ErrUnsupported)
+	}
+	return fmt.Errorf("release listener: %s", resp.Status)
 }
 
 // Restore creates sandbox spec.ID from a checkpoint image: the processes
@@ -41,4 +81,3 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 func restoreArgs(imageDir, bundle, id string) []string {
 	return []string{"restore", "-detach", "-image-path", imageDir, "-bundle", bundle, id}
 }
-

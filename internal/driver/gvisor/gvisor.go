@@ -265,7 +265,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance,
 func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) (_ driver.Instance, err error) {
 	t0 := time.Now()
 	id := spec.ID
-	if !idRE.MatchString(id) {
+	if !idRE.MatchString(id) || id == runscRootName {
 		return nil, fmt.Errorf("gvisor: invalid sandbox id %q", id)
 	}
 	hostname := spec.Hostname
@@ -368,7 +368,8 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 		return nil, err
 	}
 
-	// 5. runsc run -detach: returns once the container's process runs.
+	// 5. runsc run -detach: returns once the container's process runs
+	// (Timing.Namespaces is this step: runsc, gofer and Sentry start).
 	tStart := time.Now()
 	undo.push(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), defaultDestroyWait)
@@ -462,8 +463,10 @@ func (d *Driver) waitReady(ctx context.Context, inst *Instance) error {
 			return nil
 		}
 		lastErr = err
-		if cs, serr := d.r.state(ctx, inst.id); serr == nil && cs.Status == "stopped" {
+		select {
+		case <-inst.done:
 			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(filepath.Join(inst.dir, "console.log")))
+		default:
 		}
 		t := time.NewTimer(wait)
 		select {

@@ -1,10 +1,8 @@
 package gvisor
 
 import (
-	"context"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,39 +108,10 @@ func TestAttachLost(t *testing.T) {
 }
 
 // BenchmarkCreateDestroy measures cold create (to agent ready), an exec
-// round trip and destroy.
+// round trip and destroy (drivertest.Bench).
 func BenchmarkCreateDestroy(b *testing.B) {
 	requireRunsc(b)
-	d := newDriver(b, testOptions(b, shortDir(b)))
-	var creates, execs, destroys []time.Duration
-	for i := 0; b.Loop(); i++ {
-		id := "bench-" + strings.Repeat("x", i%2) + time.Now().Format("150405.000000")
-		id = strings.NewReplacer(".", "-").Replace(id)
-		t0 := time.Now()
-		inst, err := d.Create(context.Background(), driver.Spec{ID: id, RootfsDir: rootfs})
-		if err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		drivertest.MustSh(b, inst, "true")
-		t2 := time.Now()
-		if err := inst.Destroy(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		creates = append(creates, t1.Sub(t0))
-		execs = append(execs, t2.Sub(t1))
-		destroys = append(destroys, time.Since(t2))
-	}
-	b.ReportMetric(float64(median(creates).Microseconds())/1000, "create-ms")
-	b.ReportMetric(float64(median(execs).Microseconds())/1000, "exec-ms")
-	b.ReportMetric(float64(median(destroys).Microseconds())/1000, "destroy-ms")
-}
-
-func median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
+	drivertest.Bench(b, drivertest.Env{Rootfs: rootfs}, shortDir(b), func(dir string) driver.Driver {
+		return newDriver(b, testOptions(b, dir))
+	})
 }

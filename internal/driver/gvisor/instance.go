@@ -17,15 +17,14 @@ import (
 
 // Instance is one gVisor sandbox.
 type Instance struct {
-	d       *Driver
-	id      string
-	dir     string
-	sock    string
-	st      state
-	group   *cgroups.Group
-	timing  driver.Timing
-	done    <-chan struct{}
-	unwatch func()
+	d      *Driver
+	id     string
+	dir    string
+	sock   string
+	st     state
+	group  *cgroups.Group
+	timing driver.Timing
+	done   <-chan struct{}
 
 	mu        sync.Mutex
 	destroyed bool

@@ -45,3 +45,16 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+// BenchmarkConformanceCreateDestroy measures what the gvisor driver's
+// BenchmarkCreateDestroy does, for side-by-side numbers.
+func BenchmarkConformanceCreateDestroy(b *testing.B) {
+	requireSandbox(b)
+	drivertest.Bench(b, drivertest.Env{Rootfs: rootfs}, b.TempDir(), func(dir string) driver.Driver {
+		o := testOptions(b)
+		o.StateDir = filepath.Join(dir, "state")
+		o.RunDir = filepath.Join(dir, "run")
+		o.Logf = func(string, ...any) {}
+		return newDriver(b, o)
+	})
+}
