@@ -569,4 +569,3 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request, sb *node.Sandbox) 
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
-
