@@ -7,8 +7,6 @@ package e2btest
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,18 +15,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/space-sandbox/space/test/testenv"
 )
 
 // env is one running server.
 type env struct {
-	bin, dataDir, runDir, logPath string
-	ctrl, data                    string
-	key, key2                     string // API keys of projects p1 and p2
-	template                      string
-	cmd                           *exec.Cmd
+	*testenv.Server
+	key, key2 string // API keys of projects p1 and p2
+	template  string
 }
 
 var (
@@ -46,122 +43,56 @@ func TestMain(m *testing.M) {
 		defer func() {
 			if theEnv != nil {
 				theEnv.deleteAll()
-				theEnv.stop()
-				theEnv.removeCgroupBase()
-				os.RemoveAll(filepath.Dir(theEnv.dataDir))
-				os.RemoveAll(theEnv.runDir)
+				theEnv.Stop()
+				theEnv.RemoveCgroupBase()
+				theEnv.Remove()
 			}
 		}()
 		code := m.Run()
 		if code != 0 && theEnv != nil {
-			log, _ := os.ReadFile(theEnv.logPath)
-			if len(log) > 20000 {
-				log = log[len(log)-20000:]
-			}
-			fmt.Printf("---- server log (tail) ----\n%s\n", log)
+			fmt.Printf("---- server log (tail) ----\n%s\n", theEnv.LogTail(20000))
 		}
 		return code
 	}()
 	os.Exit(code)
 }
 
-func repoRoot() string {
-	wd, _ := os.Getwd()
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	return wd
-}
-
-func templateCache() string {
-	if d := os.Getenv("SPACE_TEMPLATE_CACHE"); d != "" {
-		return d
-	}
-	return "/var/tmp/space-test-templates"
-}
+func repoRoot() string { return testenv.RepoRoot() }
 
 func setup() (*env, error) {
-	work, err := os.MkdirTemp("", "space-e2b-")
+	srv, err := testenv.New("space-e2b-")
 	if err != nil {
 		return nil, err
 	}
-	os.Chmod(work, 0o711)
-	e := &env{bin: filepath.Join(work, "space"), dataDir: filepath.Join(work, "data"), logPath: filepath.Join(work, "server.log")}
-	if e.runDir, err = os.MkdirTemp("/tmp", "spe"); err != nil {
-		return nil, err
-	}
-	build := exec.Command("go", "build", "-o", e.bin, "./cmd/space")
-	build.Dir = repoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return e, fmt.Errorf("build space: %v\n%s", err, out)
-	}
+	e := &env{Server: srv, template: "minimal"}
 	// The Debian "base" template (bash, like E2B's) when the suite builds it;
 	// otherwise busybox "minimal" (envd's /bin/bash falls back to /bin/sh).
 	builtins := "minimal"
-	e.template = "minimal"
 	if os.Getenv("SPACE_TEST_BASE") == "1" {
 		e.template, builtins = "base", "minimal,base"
 	}
-	addrFile := filepath.Join(e.dataDir, "addr.json")
-	os.MkdirAll(e.dataDir, 0o711)
-	logf, err := os.Create(e.logPath)
-	if err != nil {
+	srv.Args = []string{"--builtins", builtins}
+	if err := e.Start(); err != nil {
 		return e, err
 	}
-	e.cmd = exec.Command(e.bin, "server", "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--template-dir", templateCache(), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-		"--addr-file", addrFile, "--builtins", builtins)
-	e.cmd.Stdout, e.cmd.Stderr = logf, logf
-	if err := e.cmd.Start(); err != nil {
+	if e.key, err = e.CreateKey("p1"); err != nil {
 		return e, err
 	}
-	go func() { e.cmd.Wait(); logf.Close() }()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		raw, err := os.ReadFile(addrFile)
-		var a struct{ Control, Data string }
-		if err == nil && json.Unmarshal(raw, &a) == nil {
-			e.ctrl, e.data = a.Control, a.Data
-			break
-		}
+	if e.key2, err = e.CreateKey("p2"); err != nil {
+		return e, err
 	}
-	if e.ctrl == "" {
-		return e, fmt.Errorf("server did not start")
-	}
-	for i, p := range []string{"p1", "p2"} {
-		out, err := exec.Command(e.bin, "keys", "create", "--data-dir", e.dataDir, "--project", p).Output()
-		if err != nil {
-			return e, fmt.Errorf("keys create: %w", err)
-		}
-		if i == 0 {
-			e.key = strings.TrimSpace(string(out))
-		} else {
-			e.key2 = strings.TrimSpace(string(out))
-		}
-	}
-	// Template builds may still be running (a cold cache builds Debian).
-	for deadline := time.Now().Add(15 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		st, _, _ := e.do("GET", e.ctrl+"/v1/templates/"+e.template, map[string]string{"X-API-Key": e.key}, nil)
-		if st == 200 {
-			break
-		}
-		if st == 404 || time.Now().After(deadline) {
-			return e, fmt.Errorf("template %s unavailable (%d)", e.template, st)
-		}
-	}
-	return e, nil
+	// A cold cache builds Debian first.
+	return e, e.WaitTemplate(e.key, e.template, 15*time.Minute)
 }
 
 // deleteAll deletes the sandboxes a failed test left: they would outlive
 // the server process.
 func (e *env) deleteAll() {
-	if e.ctrl == "" {
+	if e.Ctrl == "" {
 		return
 	}
 	for _, key := range []string{e.key, e.key2} {
-		req, _ := http.NewRequest("GET", e.ctrl+"/v1/sandboxes?state=creating,running&limit=1000", nil)
+		req, _ := http.NewRequest("GET", e.Ctrl+"/v1/sandboxes?state=creating,running&limit=1000", nil)
 		req.Header.Set("X-API-Key", key)
 		resp, err := hc.Do(req)
 		if err != nil {
@@ -173,36 +104,9 @@ func (e *env) deleteAll() {
 		json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&list)
 		resp.Body.Close()
 		for _, sb := range list.Sandboxes {
-			e.do("DELETE", e.ctrl+"/sandboxes/"+sb.ID, map[string]string{"X-API-KEY": key}, nil)
+			e.do("DELETE", e.Ctrl+"/sandboxes/"+sb.ID, map[string]string{"X-API-KEY": key}, nil)
 		}
 	}
-}
-
-// removeCgroupBase removes the server's (now empty) per-data-dir cgroup
-// directories; the name follows internal/server's cgroupBase.
-func (e *env) removeCgroupBase() {
-	sum := sha256.Sum256([]byte(filepath.Clean(e.dataDir)))
-	base := "space-" + hex.EncodeToString(sum[:4])
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + base)
-	if d := "/sys/fs/cgroup/" + base; fileExists(d) {
-		dirs = append(dirs, d)
-	}
-	for _, d := range dirs {
-		os.Remove(d) // only succeeds when empty
-	}
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-func (e *env) stop() {
-	if e.cmd == nil || e.cmd.Process == nil {
-		return
-	}
-	e.cmd.Process.Signal(syscall.SIGTERM)
-	for i := 0; i < 500 && e.cmd.ProcessState == nil; i++ {
-		time.Sleep(10 * time.Millisecond)
-	}
-	e.cmd.Process.Kill()
 }
 
 func need(t *testing.T) *env {
@@ -277,7 +181,7 @@ func TestSDK(t *testing.T) {
 			if conc == "" {
 				conc = "50"
 			}
-			cmd.Env = append(os.Environ(), "E2B_API_URL="+e.ctrl, "E2B_SANDBOX_URL="+e.data, "E2B_API_KEY="+e.key,
+			cmd.Env = append(os.Environ(), "E2B_API_URL="+e.Ctrl, "E2B_SANDBOX_URL="+e.Data, "E2B_API_KEY="+e.key,
 				"SPACE_E2B_PKG="+pkg, "SPACE_E2B_TEMPLATE="+e.template, "SPACE_E2B_CONCURRENCY="+conc)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
@@ -291,7 +195,7 @@ func TestSDK(t *testing.T) {
 // createRaw makes a sandbox through the E2B REST API.
 func (e *env) createRaw(t *testing.T) (id, token string) {
 	t.Helper()
-	st, m, err := e.do("POST", e.ctrl+"/v2/sandboxes", map[string]string{"X-API-KEY": e.key},
+	st, m, err := e.do("POST", e.Ctrl+"/v2/sandboxes", map[string]string{"X-API-KEY": e.key},
 		map[string]any{"templateID": e.template, "timeout": 120})
 	if err != nil || st != 201 {
 		t.Fatalf("create: %d %v %v", st, m, err)
@@ -305,7 +209,7 @@ func (e *env) createRaw(t *testing.T) (id, token string) {
 func TestRESTAuthAndBadInput(t *testing.T) {
 	e := need(t)
 	id, _ := e.createRaw(t)
-	defer e.do("DELETE", e.ctrl+"/sandboxes/"+id, map[string]string{"X-API-KEY": e.key}, nil)
+	defer e.do("DELETE", e.Ctrl+"/sandboxes/"+id, map[string]string{"X-API-KEY": e.key}, nil)
 	key := map[string]string{"X-API-KEY": e.key}
 	routes := []struct{ method, path string }{
 		{"POST", "/sandboxes"}, {"POST", "/v2/sandboxes"}, {"GET", "/sandboxes"}, {"GET", "/v2/sandboxes"},
@@ -317,7 +221,7 @@ func TestRESTAuthAndBadInput(t *testing.T) {
 		for name, hdr := range map[string]map[string]string{
 			"none": {}, "bad": {"X-API-KEY": "space_nope_nope"}, "token": {"X-API-KEY": "sst_abc.def"},
 		} {
-			st, m, err := e.do(rt.method, e.ctrl+rt.path, hdr, "{}")
+			st, m, err := e.do(rt.method, e.Ctrl+rt.path, hdr, "{}")
 			if err != nil || st != 401 || m["code"] != float64(401) || m["message"] == "" {
 				t.Errorf("%s %s with %s key: %d %v %v", rt.method, rt.path, name, st, m, err)
 			}
@@ -361,14 +265,14 @@ func TestRESTAuthAndBadInput(t *testing.T) {
 		{"POST", "/sandboxes/" + id + "/fork", key, `{}`, 501},
 	}
 	for _, c := range cases {
-		st, m, err := e.do(c.method, e.ctrl+c.path, c.hdr, c.body)
+		st, m, err := e.do(c.method, e.Ctrl+c.path, c.hdr, c.body)
 		if err != nil || st != c.want || m["code"] != float64(c.want) || m["message"] == "" {
 			t.Errorf("%s %.80s body %.60v: got %d %v %v, want %d", c.method, c.path, c.body, st, m, err, c.want)
 		}
 	}
 	// A metadata filter as the SDK encodes it (each key/value encoded, then
 	// the query string, then the parameter).
-	st, _, err := e.do("GET", e.ctrl+"/v2/sandboxes?metadata=a%252520b%3Dc%252526d", key, nil)
+	st, _, err := e.do("GET", e.Ctrl+"/v2/sandboxes?metadata=a%252520b%3Dc%252526d", key, nil)
 	if err != nil || st != 200 {
 		t.Errorf("metadata filter: %d %v", st, err)
 	}
@@ -387,7 +291,7 @@ func TestEnvdAuth(t *testing.T) {
 	}
 	check := func(name, method, path string, h map[string]string, body any, want int) {
 		t.Helper()
-		st, _, err := e.do(method, e.data+path, h, body)
+		st, _, err := e.do(method, e.Data+path, h, body)
 		if err != nil || st != want {
 			t.Errorf("%s: %s %s: got %d %v, want %d", name, method, path, st, err, want)
 		}
@@ -417,10 +321,10 @@ func TestEnvdAuth(t *testing.T) {
 	// The native data plane is untouched by the E2B front door.
 	check("native data plane", "GET", "/healthz", map[string]string{}, nil, 200)
 	// Killed: 502, which the SDK reads as "not running".
-	if st, _, err := e.do("DELETE", e.ctrl+"/sandboxes/"+idA, map[string]string{"X-API-KEY": e.key}, nil); err != nil || st != 204 {
+	if st, _, err := e.do("DELETE", e.Ctrl+"/sandboxes/"+idA, map[string]string{"X-API-KEY": e.key}, nil); err != nil || st != 204 {
 		t.Fatalf("kill: %d %v", st, err)
 	}
 	check("killed health", "GET", "/health", hdr(idA, tokA), nil, 502)
 	check("killed rpc", "POST", "/process.Process/List", hdr(idA, tokA), `{}`, 502)
-	e.do("DELETE", e.ctrl+"/sandboxes/"+idB, map[string]string{"X-API-KEY": e.key}, nil)
+	e.do("DELETE", e.Ctrl+"/sandboxes/"+idB, map[string]string{"X-API-KEY": e.key}, nil)
 }

@@ -15,8 +15,8 @@ func TestIdempotencyPaginationTimeout(t *testing.T) {
 	e := need(t)
 	body := map[string]any{"template": "minimal", "metadata": map[string]string{"suite": "api"}}
 	hdr := map[string]string{"X-API-Key": e.key, "Idempotency-Key": "create-once-" + time.Now().Format("150405.000000")}
-	st1, m1, _ := doJSON("POST", e.ctrl+"/v1/sandboxes", hdr, body)
-	st2, m2, _ := doJSON("POST", e.ctrl+"/v1/sandboxes", hdr, body)
+	st1, m1, _ := doJSON("POST", e.Ctrl+"/v1/sandboxes", hdr, body)
+	st2, m2, _ := doJSON("POST", e.Ctrl+"/v1/sandboxes", hdr, body)
 	if st1 != 202 || st2 != 202 {
 		t.Fatalf("creates: %d %d", st1, st2)
 	}
@@ -118,7 +118,7 @@ func sseEvents(t *testing.T, url, key, lastID string, want func(typ string, data
 
 func TestLifecycleEventStreams(t *testing.T) {
 	e := need(t)
-	states := sseEvents(t, e.ctrl+"/v1/events", e.key, "", func(typ string, d map[string]any) bool { return typ == "sandbox.state" })
+	states := sseEvents(t, e.Ctrl+"/v1/events", e.key, "", func(typ string, d map[string]any) bool { return typ == "sandbox.state" })
 	time.Sleep(100 * time.Millisecond)
 	sb := e.create(t, nil)
 	sb.delete(t)
@@ -142,7 +142,7 @@ func TestLifecycleEventStreams(t *testing.T) {
 		t.Fatalf("lifecycle events %v", got)
 	}
 	// Another project's stream sees none of it.
-	other := sseEvents(t, e.ctrl+"/v1/events", e.key2, "0", func(string, map[string]any) bool { return true })
+	other := sseEvents(t, e.Ctrl+"/v1/events", e.key2, "0", func(string, map[string]any) bool { return true })
 	select {
 	case ev, ok := <-other:
 		if ok {
@@ -156,7 +156,7 @@ func TestLifecycleEventStreams(t *testing.T) {
 		t.Fatalf("create: %d", st)
 	}
 	opID := m["operation"].(map[string]any)["id"].(string)
-	opEvents := sseEvents(t, e.ctrl+"/v1/operations/"+opID+"/events", e.key, "", func(string, map[string]any) bool { return true })
+	opEvents := sseEvents(t, e.Ctrl+"/v1/operations/"+opID+"/events", e.key, "", func(string, map[string]any) bool { return true })
 	last := ""
 	for ev := range opEvents {
 		var op map[string]any
@@ -173,8 +173,8 @@ func TestLifecycleEventStreams(t *testing.T) {
 func TestCLI(t *testing.T) {
 	e := need(t)
 	space := func(args ...string) (string, error) {
-		cmd := exec.Command(e.bin, args...)
-		cmd.Env = append(cmd.Environ(), "SPACE_URL="+e.ctrl, "SPACE_API_KEY="+e.key)
+		cmd := exec.Command(e.Bin, args...)
+		cmd.Env = append(cmd.Environ(), "SPACE_URL="+e.Ctrl, "SPACE_API_KEY="+e.key)
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
@@ -214,7 +214,7 @@ func TestCLI(t *testing.T) {
 	if out, err = space("sandbox", "rm", id); err != nil {
 		t.Fatalf("rm: %v\n%s", err, out)
 	}
-	if out, err = space("keys", "list", "--data-dir", e.dataDir); err != nil || !strings.Contains(out, "p2") {
+	if out, err = space("keys", "list", "--data-dir", e.DataDir); err != nil || !strings.Contains(out, "p2") {
 		t.Fatalf("keys list: %v\n%s", err, out)
 	}
 }

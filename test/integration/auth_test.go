@@ -50,11 +50,11 @@ func TestAuth(t *testing.T) {
 	if st, _, _ := doJSON("GET", a.Data+"/v1/sandboxes/"+a.ID+"/commands", map[string]string{"Authorization": "Bearer " + e.key}, nil); st != 401 {
 		t.Errorf("API key on the data plane: %d", st)
 	}
-	if st, _, _ := doJSON("GET", e.ctrl+"/v1/sandboxes", map[string]string{"Authorization": "Bearer " + a.Token}, nil); st != 401 {
+	if st, _, _ := doJSON("GET", e.Ctrl+"/v1/sandboxes", map[string]string{"Authorization": "Bearer " + a.Token}, nil); st != 401 {
 		t.Errorf("session token on the control API: %d", st)
 	}
 	// An expired token, signed with the server's real key: 401 token_expired.
-	st, err := sqlite.Open(context.Background(), filepath.Join(e.dataDir, "space.db"))
+	st, err := sqlite.Open(context.Background(), filepath.Join(e.DataDir, "space.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,27 +12,18 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/space-sandbox/space/test/testenv"
 )
 
 // env is one running server and what tests need to talk to it.
 type env struct {
-	bin       string // the space binary
-	dataDir   string
-	runDir    string
-	tplDir    string
-	logPath   string
-	ctrl      string // control API base URL
-	data      string // data plane base URL
-	key, key2 string // API keys of project p1 and p2
-	cmd       *exec.Cmd
+	*testenv.Server
+	key, key2 string          // API keys of project p1 and p2
 	baseline  map[string]bool // host leftovers that predate this run
 }
 
@@ -54,84 +45,43 @@ func TestMain(m *testing.M) {
 		theEnv = e
 		defer func() {
 			if e != nil {
-				e.stop()
-				os.RemoveAll(e.dataDir)
-				os.RemoveAll(e.runDir)
+				e.Stop()
+				e.Remove()
 			}
 		}()
 		code := m.Run()
 		if code != 0 && e != nil {
-			log, _ := os.ReadFile(e.logPath)
-			if len(log) > 20000 {
-				log = log[len(log)-20000:]
-			}
-			fmt.Printf("---- server log (tail) ----\n%s\n", log)
+			fmt.Printf("---- server log (tail) ----\n%s\n", e.LogTail(20000))
 		}
 		return code
 	}()
 	os.Exit(code)
 }
 
-// repoRoot finds the module root from the test's working directory.
-func repoRoot() string {
-	wd, _ := os.Getwd()
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	return wd
-}
-
-// TemplateCache is shared by all test packages and runs so that templates
-// are built once per machine (CI sets SPACE_TEMPLATE_CACHE).
-func templateCache() string {
-	if d := os.Getenv("SPACE_TEMPLATE_CACHE"); d != "" {
-		return d
-	}
-	return "/var/tmp/space-test-templates"
-}
+func repoRoot() string { return testenv.RepoRoot() }
 
 func setup() (*env, error) {
-	root := repoRoot()
-	work, err := os.MkdirTemp("", "space-it-")
+	srv, err := testenv.New("space-it-")
 	if err != nil {
 		return nil, err
 	}
-	os.Chmod(work, 0o711)
-	e := &env{
-		bin:     filepath.Join(work, "space"),
-		dataDir: filepath.Join(work, "data"),
-		tplDir:  templateCache(),
-		logPath: filepath.Join(work, "server.log"),
-	}
-	if e.runDir, err = os.MkdirTemp("/tmp", "spr"); err != nil {
-		return nil, err
-	}
-	e.baseline = map[string]bool{}
+	e := &env{Server: srv, baseline: map[string]bool{}}
 	for _, l := range e.leaks() {
 		e.baseline[l] = true
 	}
-	build := exec.Command("go", "build", "-o", e.bin, "./cmd/space")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build space: %v\n%s", err, out)
+	builtins := "minimal"
+	if wantBase() {
+		builtins = "minimal,base"
 	}
-	if err := e.start(); err != nil {
+	srv.Args = []string{"--builtins", builtins}
+	if err := e.Start(); err != nil {
 		return e, err
 	}
-	for i, p := range []string{"p1", "p2"} {
-		out, err := exec.Command(e.bin, "keys", "create", "--data-dir", e.dataDir, "--project", p).Output()
-		if err != nil {
-			return e, fmt.Errorf("keys create: %w", err)
-		}
-		k := strings.TrimSpace(string(out))
-		if i == 0 {
-			e.key = k
-		} else {
-			e.key2 = k
-		}
+	if e.key, err = e.CreateKey("p1"); err != nil {
+		return e, err
+	}
+	if e.key2, err = e.CreateKey("p2"); err != nil {
+		return e, err
 	}
 	if err := e.waitTemplate("minimal", 2*time.Minute); err != nil {
 		return e, err
@@ -139,87 +89,10 @@ func setup() (*env, error) {
 	return e, nil
 }
 
-// start launches the server and waits until it serves.
-func (e *env) start() error {
-	addrFile := filepath.Join(e.dataDir, "addr.json")
-	os.MkdirAll(e.dataDir, 0o711)
-	os.Remove(addrFile)
-	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	builtins := "minimal"
-	if wantBase() {
-		builtins = "minimal,base"
-	}
-	// A restart keeps the ports, as a real deployment would: clients hold URLs.
-	ctrl, data := "127.0.0.1:0", "127.0.0.1:0"
-	if e.ctrl != "" {
-		ctrl, data = strings.TrimPrefix(e.ctrl, "http://"), strings.TrimPrefix(e.data, "http://")
-	}
-	e.cmd = exec.Command(e.bin, "server", "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--template-dir", e.tplDir, "--listen", ctrl, "--data-listen", data,
-		"--addr-file", addrFile, "--builtins", builtins)
-	e.cmd.Stdout, e.cmd.Stderr = logf, logf
-	if err := e.cmd.Start(); err != nil {
-		return err
-	}
-	go func(c *exec.Cmd, f *os.File) { c.Wait(); f.Close() }(e.cmd, logf)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		raw, err := os.ReadFile(addrFile)
-		if err == nil {
-			var a struct{ Control, Data string }
-			if json.Unmarshal(raw, &a) == nil {
-				e.ctrl, e.data = a.Control, a.Data
-				return nil
-			}
-		}
-		if e.cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	log, _ := os.ReadFile(e.logPath)
-	return fmt.Errorf("server did not start; log:\n%s", log)
-}
-
-// kill9 kills the server the hard way.
-func (e *env) kill9() {
-	if e.cmd != nil && e.cmd.Process != nil {
-		e.cmd.Process.Signal(syscall.SIGKILL)
-		for i := 0; i < 200 && e.cmd.ProcessState == nil; i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
-
-func (e *env) stop() {
-	if e.cmd != nil && e.cmd.Process != nil {
-		e.cmd.Process.Signal(syscall.SIGTERM)
-		for i := 0; i < 500 && e.cmd.ProcessState == nil; i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-		e.kill9()
-	}
-}
-
 func wantBase() bool { return os.Getenv("SPACE_TEST_BASE") == "1" }
 
 func (e *env) waitTemplate(name string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		st, m, _ := e.call("GET", "/v1/templates/"+name, e.key, nil)
-		if st == 200 {
-			return nil
-		}
-		if st == 404 {
-			return fmt.Errorf("template %s unavailable: %v", name, m)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	log, _ := os.ReadFile(e.logPath)
-	return fmt.Errorf("template %s not ready after %v; server log:\n%s", name, d, log)
+	return e.WaitTemplate(e.key, name, d)
 }
 
 func need(t *testing.T) *env {
@@ -233,50 +106,15 @@ func need(t *testing.T) *env {
 	return theEnv
 }
 
-var httpc = &http.Client{Timeout: 2 * time.Minute}
+var httpc = testenv.HTTP
 
 // call does a control-API request and decodes the JSON answer.
 func (e *env) call(method, path, key string, body any) (int, map[string]any, error) {
-	return doJSON(method, e.ctrl+path, map[string]string{"X-API-Key": key}, body)
+	return doJSON(method, e.Ctrl+path, map[string]string{"X-API-Key": key}, body)
 }
 
 func doJSON(method, url string, hdr map[string]string, body any) (int, map[string]any, error) {
-	var rd io.Reader
-	switch b := body.(type) {
-	case nil:
-	case []byte:
-		rd = bytes.NewReader(b)
-	case string:
-		rd = strings.NewReader(b)
-	default:
-		raw, _ := json.Marshal(b)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	for k, v := range hdr {
-		if v != "" {
-			req.Header.Set(k, v)
-		}
-	}
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	var m map[string]any
-	if len(raw) > 0 {
-		if err := json.Unmarshal(raw, &m); err != nil {
-			return resp.StatusCode, nil, fmt.Errorf("non-JSON answer (%d): %.200s", resp.StatusCode, raw)
-		}
-	}
-	return resp.StatusCode, m, nil
+	return testenv.DoJSON(method, url, hdr, body)
 }
 
 // sandbox is a created, running sandbox with its session.

@@ -104,7 +104,7 @@ func TestIsolationProcessesFilesUsers(t *testing.T) {
 		t.Fatalf("sandbox b read sandbox a's file: %q", out)
 	}
 	// No agent socket, of its own or of another sandbox, is reachable.
-	if out, _ := a.sh(t, "find / -xdev -type s 2>/dev/null; ls "+e.runDir+" 2>&1"); strings.Contains(out, ".sock") && !strings.Contains(out, "No such file") {
+	if out, _ := a.sh(t, "find / -xdev -type s 2>/dev/null; ls "+e.RunDir+" 2>&1"); strings.Contains(out, ".sock") && !strings.Contains(out, "No such file") {
 		t.Fatalf("sandbox sees agent sockets:\n%s", out)
 	}
 	// uid 0 inside is an unprivileged uid outside.

@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -13,20 +11,13 @@ import (
 	"time"
 )
 
-// cgroupBase is the cgroup directory name the server uses for its
-// sandboxes (internal/server derives it from the data dir the same way).
-func (e *env) cgroupBase() string {
-	sum := sha256.Sum256([]byte(filepath.Clean(e.dataDir)))
-	return "space-" + hex.EncodeToString(sum[:4])
-}
-
 // leaks lists what sandboxes left on the host: mounts, cgroups, processes
 // in the sandbox uid range, state files and sockets.
 func (e *env) leaks() []string {
 	var out []string
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mi), "\n") {
-		if strings.Contains(line, e.dataDir) || strings.Contains(line, e.runDir) {
+		if strings.Contains(line, e.DataDir) || strings.Contains(line, e.RunDir) {
 			out = append(out, "mount: "+line)
 		}
 	}
@@ -37,7 +28,7 @@ func (e *env) leaks() []string {
 		if strings.Count(p, "/") > 10 {
 			return filepath.SkipDir
 		}
-		if filepath.Base(filepath.Dir(p)) == e.cgroupBase() && strings.HasPrefix(filepath.Base(p), "sbx-") {
+		if filepath.Base(filepath.Dir(p)) == e.CgroupBase() && strings.HasPrefix(filepath.Base(p), "sbx-") {
 			out = append(out, "cgroup: "+p)
 			return filepath.SkipDir
 		}
@@ -58,14 +49,14 @@ func (e *env) leaks() []string {
 				cg, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cgroup"))
 				// Only this server's sandboxes: other servers may run on the
 				// host at the same time (their cgroup base differs).
-				if uid >= 100000 && uid < 165536 && strings.Contains(string(cg), "/"+e.cgroupBase()+"/") {
+				if uid >= 100000 && uid < 165536 && strings.Contains(string(cg), "/"+e.CgroupBase()+"/") {
 					cmd, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
 					out = append(out, fmt.Sprintf("process %s uid %d: %q", d.Name(), uid, cmd))
 				}
 			}
 		}
 	}
-	for _, dir := range []string{filepath.Join(e.dataDir, "sandboxes"), filepath.Join(e.dataDir, "logs"), e.runDir} {
+	for _, dir := range []string{filepath.Join(e.DataDir, "sandboxes"), filepath.Join(e.DataDir, "logs"), e.RunDir} {
 		ents, _ := os.ReadDir(dir)
 		for _, d := range ents {
 			out = append(out, "file: "+filepath.Join(dir, d.Name()))
@@ -128,8 +119,8 @@ func TestCrashRestart(t *testing.T) {
 		t.Fatalf("create: %d %v", st, m)
 	}
 	midID := m["sandbox"].(map[string]any)["id"].(string)
-	e.kill9()
-	if err := e.start(); err != nil {
+	e.Kill9()
+	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
 	// No operation stays running.
@@ -168,9 +159,9 @@ func TestCrashRestart(t *testing.T) {
 
 	// A sandbox whose processes die while the server is down is reported lost.
 	lost := e.create(t, nil)
-	e.kill9()
+	e.Kill9()
 	killSandboxProcesses(t)
-	if err := e.start(); err != nil {
+	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
 	_, lm, _ := e.call("GET", "/v1/sandboxes/"+lost.ID, e.key, nil)

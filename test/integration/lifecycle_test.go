@@ -23,7 +23,7 @@ func TestQuickstart(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("python3", filepath.Join(repoRoot(), "examples", "quickstart.py"))
-	cmd.Env = append(os.Environ(), "SPACE_URL="+e.ctrl, "SPACE_API_KEY="+e.key)
+	cmd.Env = append(os.Environ(), "SPACE_URL="+e.Ctrl, "SPACE_API_KEY="+e.key)
 	out, err := cmd.CombinedOutput()
 	t.Logf("quickstart output:\n%s", out)
 	if err != nil {

@@ -9,21 +9,18 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/space-sandbox/space/test/testenv"
 )
 
 type env struct {
-	bin, dataDir, runDir, tplDir, logPath string
-	ctrl, data, key                       string
-	cmd                                   *exec.Cmd
+	*testenv.Server
+	key string
 }
 
 var (
@@ -41,128 +38,35 @@ func TestMain(m *testing.M) {
 		theEnv, setupErr = e, err
 		defer func() {
 			if e != nil {
-				e.stop()
-				os.RemoveAll(filepath.Dir(e.dataDir))
-				os.RemoveAll(e.runDir)
+				e.Stop()
+				e.Remove()
 			}
 		}()
 		code := m.Run()
 		if code != 0 && e != nil {
-			log, _ := os.ReadFile(e.logPath)
-			if len(log) > 20000 {
-				log = log[len(log)-20000:]
-			}
-			fmt.Printf("---- server log (tail) ----\n%s\n", log)
+			fmt.Printf("---- server log (tail) ----\n%s\n", e.LogTail(20000))
 		}
 		return code
 	}()
 	os.Exit(code)
 }
 
-func repoRoot() string {
-	wd, _ := os.Getwd()
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	return wd
-}
+func repoRoot() string { return testenv.RepoRoot() }
 
 func setup() (*env, error) {
-	work, err := os.MkdirTemp("", "space-snap-")
+	srv, err := testenv.New("space-snap-")
 	if err != nil {
 		return nil, err
 	}
-	os.Chmod(work, 0o711)
-	tpl := os.Getenv("SPACE_TEMPLATE_CACHE")
-	if tpl == "" {
-		tpl = "/var/tmp/space-test-templates"
-	}
-	e := &env{bin: filepath.Join(work, "space"), dataDir: filepath.Join(work, "data"), tplDir: tpl,
-		logPath: filepath.Join(work, "server.log")}
-	if e.runDir, err = os.MkdirTemp("/tmp", "sps"); err != nil {
-		return nil, err
-	}
-	build := exec.Command("go", "build", "-o", e.bin, "./cmd/space")
-	build.Dir = repoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build space: %v\n%s", err, out)
-	}
-	if err := e.start(); err != nil {
+	e := &env{Server: srv}
+	srv.Args = []string{"--builtins", "minimal"}
+	if err := e.Start(); err != nil {
 		return e, err
 	}
-	out, err := exec.Command(e.bin, "keys", "create", "--data-dir", e.dataDir, "--project", "p1").Output()
-	if err != nil {
-		return e, fmt.Errorf("keys create: %w", err)
+	if e.key, err = e.CreateKey("p1"); err != nil {
+		return e, err
 	}
-	e.key = strings.TrimSpace(string(out))
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if st, _, _ := e.call("GET", "/v1/templates/minimal", nil); st == 200 {
-			return e, nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return e, fmt.Errorf("template minimal not ready")
-}
-
-func (e *env) start() error {
-	addrFile := filepath.Join(e.dataDir, "addr.json")
-	os.MkdirAll(e.dataDir, 0o711)
-	os.Remove(addrFile)
-	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	ctrl, data := "127.0.0.1:0", "127.0.0.1:0"
-	if e.ctrl != "" {
-		ctrl, data = strings.TrimPrefix(e.ctrl, "http://"), strings.TrimPrefix(e.data, "http://")
-	}
-	e.cmd = exec.Command(e.bin, "server", "--data-dir", e.dataDir, "--run-dir", e.runDir,
-		"--template-dir", e.tplDir, "--listen", ctrl, "--data-listen", data,
-		"--addr-file", addrFile, "--builtins", "minimal")
-	e.cmd.Stdout, e.cmd.Stderr = logf, logf
-	if err := e.cmd.Start(); err != nil {
-		return err
-	}
-	go func(c *exec.Cmd, f *os.File) { c.Wait(); f.Close() }(e.cmd, logf)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if raw, err := os.ReadFile(addrFile); err == nil {
-			var a struct{ Control, Data string }
-			if json.Unmarshal(raw, &a) == nil {
-				e.ctrl, e.data = a.Control, a.Data
-				return nil
-			}
-		}
-		if e.cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	log, _ := os.ReadFile(e.logPath)
-	return fmt.Errorf("server did not start; log:\n%s", log)
-}
-
-func (e *env) kill9() {
-	if e.cmd != nil && e.cmd.Process != nil {
-		e.cmd.Process.Signal(syscall.SIGKILL)
-		for i := 0; i < 300 && e.cmd.ProcessState == nil; i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
-
-func (e *env) stop() {
-	if e.cmd != nil && e.cmd.Process != nil {
-		e.cmd.Process.Signal(syscall.SIGTERM)
-		for i := 0; i < 500 && e.cmd.ProcessState == nil; i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-		e.kill9()
-	}
+	return e, e.WaitTemplate(e.key, "minimal", 2*time.Minute)
 }
 
 func need(t *testing.T) *env {
@@ -176,41 +80,14 @@ func need(t *testing.T) *env {
 	return theEnv
 }
 
-var httpc = &http.Client{Timeout: 2 * time.Minute}
+var httpc = testenv.HTTP
 
 func doJSON(method, url string, hdr map[string]string, body any) (int, map[string]any, error) {
-	var rd io.Reader
-	if body != nil {
-		raw, _ := json.Marshal(body)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	var m map[string]any
-	if len(raw) > 0 {
-		if err := json.Unmarshal(raw, &m); err != nil {
-			return resp.StatusCode, nil, fmt.Errorf("non-JSON answer (%d): %.200s", resp.StatusCode, raw)
-		}
-	}
-	return resp.StatusCode, m, nil
+	return testenv.DoJSON(method, url, hdr, body)
 }
 
 func (e *env) call(method, path string, body any) (int, map[string]any, error) {
-	return doJSON(method, e.ctrl+path, map[string]string{"X-API-Key": e.key}, body)
+	return doJSON(method, e.Ctrl+path, map[string]string{"X-API-Key": e.key}, body)
 }
 
 // must does a control call that must answer want.

@@ -13,11 +13,18 @@ import (
 
 func counterValue(t *testing.T, sb *sandbox) int {
 	t.Helper()
-	n, err := strconv.Atoi(strings.TrimSpace(sb.ok(t, "cat /tmp/counter")))
-	if err != nil {
-		t.Fatalf("counter: %v", err)
+	// The loop rewrites the file (truncate, then write): a read can land
+	// in between and see it empty, so read again.
+	var err error
+	for i := 0; i < 20; i++ {
+		var n int
+		if n, err = strconv.Atoi(strings.TrimSpace(sb.ok(t, "cat /tmp/counter"))); err == nil {
+			return n
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	return n
+	t.Fatalf("counter: %v", err)
+	return 0
 }
 
 // A paused sandbox runs nothing, keeps its files byte for byte, stops its
@@ -194,7 +201,7 @@ func TestSnapshotChainForkRetention(t *testing.T) {
 func chunkFiles(t *testing.T, e *env) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	matches, _ := filepath.Glob(filepath.Join(e.dataDir, "snapshots", "chunks", "*", "*"))
+	matches, _ := filepath.Glob(filepath.Join(e.DataDir, "snapshots", "chunks", "*", "*"))
 	for _, m := range matches {
 		out[filepath.Base(m)] = true
 	}
@@ -218,8 +225,8 @@ func TestCrashDuringSnapshotAndFork(t *testing.T) {
 	m = e.must(t, 202, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", nil)
 	crashed, opID := str(m, "snapshot", "id"), str(m, "operation", "id")
 	time.Sleep(300 * time.Millisecond)
-	e.kill9()
-	if err := e.start(); err != nil {
+	e.Kill9()
+	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
 	op := e.must(t, 200, "GET", "/v1/operations/"+opID, nil)
@@ -252,15 +259,15 @@ func TestCrashDuringSnapshotAndFork(t *testing.T) {
 	item := m["sandboxes"].([]any)[0].(map[string]any)
 	forkID, forkOp := str(item, "sandbox", "id"), str(item, "operation", "id")
 	time.Sleep(150 * time.Millisecond)
-	e.kill9()
-	if err := e.start(); err != nil {
+	e.Kill9()
+	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
 	op = e.must(t, 200, "GET", "/v1/operations/"+forkOp, nil)
 	fsb := e.must(t, 200, "GET", "/v1/sandboxes/"+forkID, nil)
 	switch {
 	case op["state"] == "failed" && fsb["state"] == "failed":
-		if _, err := os.Stat(filepath.Join(e.dataDir, "sandboxes", forkID)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(e.DataDir, "sandboxes", forkID)); !os.IsNotExist(err) {
 			t.Fatalf("interrupted fork left its state dir: %v", err)
 		}
 		t.Logf("fork interrupted by kill -9: operation and sandbox failed, nothing left")
