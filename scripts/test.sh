@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/e2b-deps.sh
+# gVisor's runsc, pinned and built from the Go module proxy into a cache (a
+# few minutes the first time); the gvisor driver's tests use it.
+export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}
 export PATH=$PATH:/usr/local/go/bin:$(go env GOPATH)/bin
 export CGO_ENABLED=0
 # Templates are built once per machine and shared by every test package.

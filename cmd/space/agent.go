@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 	"github.com/space-sandbox/space/internal/sandboxinit"
 )
 
@@ -32,6 +33,9 @@ func runAgent(args []string) error {
 			Logf: logf,
 		})
 	}
+	if len(args) > 0 && args[0] == "--vm" {
+		return runAgentVM(args[1:])
+	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	sock := fs.String("listen", "", "unix socket path to serve on")
 	if err := fs.Parse(args); err != nil {
@@ -40,11 +44,13 @@ func runAgent(args []string) error {
 	if *sock == "" {
 		return fmt.Errorf("usage: space agent --listen PATH (the node starts it with --init)")
 	}
-	l, err := net.Listen("unix", *sock)
+	// A listener the agent can release and reopen, so a gVisor sandbox
+	// (which cannot save a listening host socket) can be checkpointed.
+	l, err := agentlisten.Listen(*sock)
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
 	agent.StartReaper(ctx)
-	return agent.NewServer(agent.Options{Version: version}).Serve(ctx, l)
+	return agent.NewServer(agent.Options{Version: version, Wrap: l.Handler}).Serve(ctx, l)
 }

@@ -53,6 +53,9 @@ type Options struct {
 	MaxUploadBytes int64
 	// Version is reported by GET /health.
 	Version string
+	// Wrap, if set, wraps the agent's handler (e.g. with the routes a
+	// driver's listener needs, such as gVisor's listener release).
+	Wrap func(http.Handler) http.Handler
 
 	// etcDir is where passwd and group are read; "/etc" unless a test
 	// points it elsewhere.
@@ -125,6 +128,9 @@ func NewServer(opts Options) *Server {
 		nextID:   1,
 	}
 	s.handler = http.HandlerFunc(s.route)
+	if opts.Wrap != nil {
+		s.handler = opts.Wrap(s.handler)
+	}
 	return s
 }
 

@@ -103,6 +103,12 @@ type StdoutResult struct {
 	LargeWritesMBps     float64  `json:"large_writes_mb_per_s"`
 	LargeWritesAvgEvent int64    `json:"large_writes_avg_event_bytes"`
 	LargeWritesCPU      CPUUse   `json:"large_writes_cpu"`
+	// The same runs over the binary frame stream (no base64): head's
+	// small writes, and dd's large ones.
+	FramesMBps            []float64 `json:"frames_mb_per_s"`
+	FramesMedian          float64   `json:"frames_median_mb_per_s"`
+	FramesLargeWritesMBps []float64 `json:"frames_large_writes_mb_per_s"`
+	FramesLargeMedian     float64   `json:"frames_large_writes_median_mb_per_s"`
 }
 
 // CPUUse is the CPU time spent while a command ran: the command itself (the
@@ -393,6 +399,36 @@ func runExec(ctx context.Context, env *Env, cfg Config) (_ *Summary, _ *StdoutRe
 		}
 		out.LargeWritesCPU = roundCPU(out.LargeWritesCPU)
 	}
+	frames := func(argv []string) (float64, error) {
+		t0 := time.Now()
+		cid, err := env.Client.StartCommand(ctx, sb, argv)
+		if err != nil {
+			return 0, err
+		}
+		r, err := env.Client.FollowFrames(ctx, sb, cid)
+		if err != nil {
+			return 0, err
+		}
+		if r.Stdout != cfg.StdoutBytes {
+			return 0, fmt.Errorf("frames: got %d bytes, want %d", r.Stdout, cfg.StdoutBytes)
+		}
+		return round1(float64(r.Stdout) / 1e6 / time.Since(t0).Seconds()), nil
+	}
+	for i := 0; i < cfg.StdoutRuns; i++ {
+		v, err := frames(out.Argv)
+		if err != nil {
+			return execSum, out, err
+		}
+		out.FramesMBps = append(out.FramesMBps, v)
+		if len(out.LargeWritesArgv) > 0 {
+			if v, err = frames(out.LargeWritesArgv); err != nil {
+				return execSum, out, err
+			}
+			out.FramesLargeWritesMBps = append(out.FramesLargeWritesMBps, v)
+		}
+	}
+	out.FramesMedian = medianFloat(out.FramesMBps)
+	out.FramesLargeMedian = medianFloat(out.FramesLargeWritesMBps)
 	return execSum, out, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -305,6 +306,67 @@ func (c *Client) Follow(ctx context.Context, sb Sandbox, cid string, onStdout fu
 	// pool, as a long-lived client's would.
 	_, _ = io.Copy(io.Discard, resp.Body)
 	return res, nil
+}
+
+// FollowFrames reads a command's events as binary frames (Accept:
+// application/x-space-events): no base64 on either side.
+func (c *Client) FollowFrames(ctx context.Context, sb Sandbox, cid string) (ExecResult, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, commandsURL(sb)+"/"+url.PathEscape(cid)+"/events", nil)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+sb.Token)
+	req.Header.Set("Accept", "application/x-space-events")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("command frames: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return ExecResult{}, fmt.Errorf("command frames: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	br := bufio.NewReaderSize(resp.Body, 256<<10)
+	var (
+		res ExecResult
+		hdr [13]byte
+		buf []byte
+	)
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return res, fmt.Errorf("command frames: %w", err)
+		}
+		n := binary.BigEndian.Uint32(hdr[9:13])
+		if n > 1<<20 {
+			return res, fmt.Errorf("command frames: frame of %d bytes", n)
+		}
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		data := buf[:n]
+		if _, err := io.ReadFull(br, data); err != nil {
+			return res, fmt.Errorf("command frames: %w", err)
+		}
+		switch hdr[8] {
+		case 1:
+			res.Stdout += int64(n)
+			res.Events++
+		case 2:
+			if len(res.Stderr) < 4096 {
+				res.Stderr = append(res.Stderr, data...)
+			}
+		case 3:
+			var x struct {
+				Code int `json:"exit_code"`
+			}
+			if err := json.Unmarshal(data, &x); err != nil {
+				return res, fmt.Errorf("command frames: exit: %w", err)
+			}
+			res.ExitCode = x.Code
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return res, nil
+		}
+	}
 }
 
 // readCommandEvents parses a command's SSE stream until its exit event.

@@ -5,9 +5,11 @@
 package dataplane
 
 import (
+	"bufio"
 	"context"
 	_ "embed"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -304,6 +306,9 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 	if err != nil {
 		return httpx.Errorf(http.StatusGone, "events_gone", "%v", err)
 	}
+	if strings.Contains(r.Header.Get("Accept"), agent.EventsContentType) {
+		return streamFrames(w, r, rd)
+	}
 	sse := httpx.StartSSE(w)
 	ctx := r.Context()
 	keepAlive := time.NewTicker(15 * time.Second)
@@ -345,6 +350,60 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 			if err := sse.Flush(); err != nil {
 				return nil
 			}
+		}
+	}
+}
+
+// streamFrames is the binary alternative to SSE for bulk consumers: the
+// same events, each as a 13-byte header (seq u64, type u8, length u32, big
+// endian) and the raw bytes, so output needs no base64 on either side. A
+// client asks for it with Accept: application/x-space-events and resumes
+// with Last-Event-ID like an SSE client.
+func streamFrames(w http.ResponseWriter, r *http.Request, rd *execlog.Reader) error {
+	w.Header().Set("Content-Type", agent.EventsContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 256<<10)
+	flush := func() error {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if err := flush(); err != nil {
+		return nil
+	}
+	ctx := r.Context()
+	var hdr [agent.FrameHeaderSize]byte
+	for {
+		if ch := rd.Wait(); ch != nil {
+			if err := flush(); err != nil {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-ch:
+			}
+			continue
+		}
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			flush()
+			return nil // io.EOF: the log ended; otherwise the client left
+		}
+		binary.BigEndian.PutUint64(hdr[0:8], rec.Seq)
+		hdr[8] = rec.Type
+		binary.BigEndian.PutUint32(hdr[9:13], uint32(len(rec.Data)))
+		bw.Write(hdr[:])
+		if _, err := bw.Write(rec.Data); err != nil {
+			return nil
+		}
+		if rec.Type == execlog.Exit {
+			flush()
+			return nil
 		}
 	}
 }

@@ -1,9 +1,14 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -259,5 +264,76 @@ func TestFiles(t *testing.T) {
 	doRaw(sb, "PUT", "/files?path=/tmp/x.txt", "via-api")
 	if out, _ := sb.sh(t, "cat /tmp/x.txt"); out != "via-api" {
 		t.Fatalf("command sees %q", out)
+	}
+}
+
+// framesFrom reads a command's events as binary frames (Accept:
+// application/x-space-events) after lastID; it returns stdout and the exit.
+func framesFrom(t *testing.T, sb *sandbox, cid, lastID string, stopAfter int) (out []byte, last uint64, exit *exitInfo) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", sb.Data+"/v1/sandboxes/"+sb.ID+"/commands/"+cid+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+sb.Token)
+	req.Header.Set("Accept", "application/x-space-events")
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("frames: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "application/x-space-events" {
+		t.Fatalf("frames content type %q", ct)
+	}
+	br := bufio.NewReaderSize(resp.Body, 1<<20)
+	var hdr [13]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return out, last, nil
+		}
+		seq := binary.BigEndian.Uint64(hdr[0:8])
+		if last != 0 && seq != last+1 {
+			t.Fatalf("frame seq %d after %d", seq, last)
+		}
+		last = seq
+		data := make([]byte, binary.BigEndian.Uint32(hdr[9:13]))
+		if _, err := io.ReadFull(br, data); err != nil {
+			t.Fatalf("frame body: %v", err)
+		}
+		switch hdr[8] {
+		case 1:
+			out = append(out, data...)
+		case 3:
+			var x exitInfo
+			if err := json.Unmarshal(data, &x); err != nil {
+				t.Fatalf("exit frame: %v", err)
+			}
+			return out, last, &x
+		}
+		if stopAfter > 0 && len(out) >= stopAfter {
+			return out, last, nil
+		}
+	}
+}
+
+// The binary frame stream carries the same events as SSE without base64,
+// in order, and resumes after a Last-Event-ID like SSE.
+func TestFrameStream(t *testing.T) {
+	e := need(t)
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	const n = 2_000_000
+	want := seqText(n)
+	cid := sb.start(t, map[string]any{"argv": []string{"seq", "1", strconv.Itoa(n)}})
+	first, last, x := framesFrom(t, sb, cid, "", len(want)/2)
+	if x != nil || last == 0 {
+		t.Fatalf("first half: last %d exit %v", last, x)
+	}
+	rest, _, x := framesFrom(t, sb, cid, strconv.FormatUint(last, 10), 0)
+	if x == nil || x.Code != 0 {
+		t.Fatalf("resume: exit %+v", x)
+	}
+	if got := append(first, rest...); !bytes.Equal(got, want) {
+		t.Fatalf("frames: got %d bytes, want %d (order or duplicates wrong)", len(got), len(want))
 	}
 }

@@ -91,7 +91,13 @@ func (s *Server) Start() error {
 	if s.Ctrl != "" {
 		ctrl, data = strings.TrimPrefix(s.Ctrl, "http://"), strings.TrimPrefix(s.Data, "http://")
 	}
-	args := append([]string{"server", "--data-dir", s.DataDir, "--run-dir", s.RunDir,
+	// The suites check driver-specific facts (uid maps, per-process OOM
+	// kills, PID 1): pin the driver rather than let `auto` pick one.
+	drv := os.Getenv("SPACE_TEST_DRIVER")
+	if drv == "" {
+		drv = "namespace"
+	}
+	args := append([]string{"server", "--driver", drv, "--data-dir", s.DataDir, "--run-dir", s.RunDir,
 		"--template-dir", s.TemplateDir, "--listen", ctrl, "--data-listen", data,
 		"--addr-file", addrFile}, s.Args...)
 	s.cmd = exec.Command(s.Bin, args...)

@@ -38,6 +38,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
@@ -275,6 +276,9 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	rootfs := filepath.Clean(spec.RootfsDir)
 	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() || !filepath.IsAbs(rootfs) {
 		return nil, fmt.Errorf("gvisor: rootfs %q is not an absolute directory path (%v)", spec.RootfsDir, err)
+	}
+	if strings.ContainsAny(rootfs, ",:") {
+		return nil, fmt.Errorf("gvisor: rootfs %q: overlayfs cannot take a path with ',' or ':'", rootfs)
 	}
 	// runsc's gofer runs as the sandbox's root (host UIDBase): it must be
 	// able to walk to the template and the agent.

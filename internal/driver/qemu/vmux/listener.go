@@ -36,18 +36,24 @@ func Listen(ctx context.Context, open func() (io.ReadWriteCloser, error), logf f
 
 func (l *Listener) run(ctx context.Context, open func() (io.ReadWriteCloser, error), logf func(string, ...any)) {
 	defer close(l.done)
-	for ctx.Err() == nil {
-		rw, err := open()
-		if err != nil {
+	var rw io.ReadWriteCloser
+	for rw == nil {
+		var err error
+		if rw, err = open(); err != nil {
 			logf("vmux: open: %v", err)
 			sleep(ctx, 100*time.Millisecond)
-			continue
+			if ctx.Err() != nil {
+				return
+			}
 		}
-		stop := context.AfterFunc(ctx, func() { _ = rw.Close() })
-		s, err := Server(rw)
+	}
+	// The port stays open across sessions: closing a virtio-serial port
+	// discards what the host already sent (the next session's handshake).
+	stop := context.AfterFunc(ctx, func() { _ = rw.Close() })
+	defer stop()
+	for ctx.Err() == nil {
+		s, err := Server(keepOpen{rw})
 		if err != nil {
-			stop()
-			_ = rw.Close()
 			// EOF while the host side is disconnected: poll again.
 			sleep(ctx, 20*time.Millisecond)
 			continue
@@ -63,11 +69,21 @@ func (l *Listener) run(ctx context.Context, open func() (io.ReadWriteCloser, err
 				_ = st.Close()
 			}
 		}
-		stop()
 		_ = s.Close()
+		// One reader at a time on the port.
+		select {
+		case <-s.readDone:
+		case <-ctx.Done():
+		}
 		logf("vmux: session ended: %v", s.Err())
 	}
 }
+
+// keepOpen hides Close from a session, so a session's end leaves the port
+// open for the next one.
+type keepOpen struct{ io.ReadWriter }
+
+func (keepOpen) Close() error { return nil }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

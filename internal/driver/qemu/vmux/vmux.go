@@ -73,6 +73,7 @@ type Session struct {
 
 	accept    chan *Stream
 	done      chan struct{}
+	readDone  chan struct{} // closed when the reader goroutine returns
 	closeOnce sync.Once
 }
 
@@ -128,9 +129,13 @@ func newSession(conn io.ReadWriteCloser, client bool, br *bufio.Reader) *Session
 		streams: map[uint32]*Stream{},
 		nextID:  1,
 		accept:  make(chan *Stream, acceptBacklog),
-		done:    make(chan struct{}),
+		done:     make(chan struct{}),
+		readDone: make(chan struct{}),
 	}
-	go s.readLoop(br)
+	go func() {
+		defer close(s.readDone)
+		s.readLoop(br)
+	}()
 	return s
 }
 
