@@ -123,12 +123,12 @@ func newSession(conn io.ReadWriteCloser, client bool, br *bufio.Reader) *Session
 		br = bufio.NewReaderSize(conn, 64<<10)
 	}
 	s := &Session{
-		conn:    conn,
-		client:  client,
-		bw:      bufio.NewWriterSize(conn, maxFrame+headerLen),
-		streams: map[uint32]*Stream{},
-		nextID:  1,
-		accept:  make(chan *Stream, acceptBacklog),
+		conn:     conn,
+		client:   client,
+		bw:       bufio.NewWriterSize(conn, maxFrame+headerLen),
+		streams:  map[uint32]*Stream{},
+		nextID:   1,
+		accept:   make(chan *Stream, acceptBacklog),
 		done:     make(chan struct{}),
 		readDone: make(chan struct{}),
 	}
