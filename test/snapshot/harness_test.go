@@ -51,8 +51,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func repoRoot() string { return testenv.RepoRoot() }
-
 func setup() (*env, error) {
 	srv, err := testenv.New("space-snap-")
 	if err != nil {
@@ -79,8 +77,6 @@ func need(t *testing.T) *env {
 	}
 	return theEnv
 }
-
-var httpc = testenv.HTTP
 
 func doJSON(method, url string, hdr map[string]string, body any) (int, map[string]any, error) {
 	return testenv.DoJSON(method, url, hdr, body)

@@ -1,0 +1,573 @@
+"""The SPACE client: control API (API key) and per-sandbox data plane (session token)."""
+
+import base64
+import json
+import os
+import threading
+import time
+import uuid
+
+from . import errors, sse
+from ._http import NETWORK_ERRORS, Transport
+from .models import (CommandInfo, CommandResult, FileInfo, Operation, OutputEvent, SandboxInfo,
+                     Session, Snapshot, Template)
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+
+
+class Client:
+    """A connection to a SPACE server's control API.
+
+    url and api_key default to $SPACE_URL (else http://127.0.0.1:7070) and
+    $SPACE_API_KEY. data_url, when given, replaces the data-plane URL that
+    the server hands out with each session (for a data plane behind a proxy
+    or port forward). timeout is the per-request socket timeout in seconds."""
+
+    def __init__(self, url=None, api_key=None, *, timeout=60.0, retries=3, data_url=None, ssl_context=None):
+        url = url or os.environ.get("SPACE_URL") or DEFAULT_URL
+        api_key = api_key if api_key is not None else os.environ.get("SPACE_API_KEY", "")
+        if not api_key:
+            raise ValueError("no API key: pass api_key= or set SPACE_API_KEY (create one with `space keys create`)")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.data_url = data_url
+        self._ssl = ssl_context
+        self._http = Transport(self.url, {"X-API-Key": api_key}, timeout, retries, ssl_context)
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def get_operation(self, op_id):
+        return Operation(self._http.json("GET", f"/v1/operations/{op_id}"))
+
+    def wait_operation(self, op, timeout=600.0, poll=30):
+        """Long-poll an operation (an id or an Operation) until it is done; return it.
+
+        Raises OperationFailed if it ended failed or cancelled, Timeout after timeout seconds."""
+        op_id = op if isinstance(op, str) else op["id"]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise errors.Timeout(f"operation {op_id} not done after {timeout:g}s")
+            wait = max(1, min(poll, int(left)))
+            cur = Operation(self._http.json("GET", f"/v1/operations/{op_id}", query={"wait": f"{wait}s"},
+                                            timeout=wait + self.timeout))
+            if cur.state == "succeeded":
+                return cur
+            if cur.state in ("failed", "cancelled"):
+                err = cur.get("error") or {}
+                raise errors.OperationFailed(
+                    f"operation {op_id} ({cur.get('kind')}) {cur.state}: {err.get('code', '?')}: {err.get('message', '')}",
+                    cur)
+
+    # --- sandboxes ----------------------------------------------------------------------------
+
+    def create_sandbox(self, template=None, *, env=None, metadata=None, limits=None, timeout_seconds=None,
+                       network=None, wait=True, wait_timeout=600.0, idempotency_key=None):
+        """Create a sandbox and (by default) wait until it runs; return its Sandbox handle.
+
+        limits: {"cpu_millis", "memory_bytes", "pids"}. timeout_seconds: delete
+        it this long after creation (0: never; None: the server default).
+        An Idempotency-Key is always sent (generated when not given), so a
+        retried create never makes two sandboxes."""
+        body = {}
+        for k, v in (("template", template), ("env", env), ("metadata", metadata), ("limits", limits),
+                     ("timeout_seconds", timeout_seconds), ("network", network)):
+            if v is not None:
+                body[k] = v
+        key = idempotency_key or "py-" + uuid.uuid4().hex
+        ans = self._http.json("POST", "/v1/sandboxes", json_body=body, headers={"Idempotency-Key": key})
+        sb = Sandbox(self, SandboxInfo(ans["sandbox"]), Session(ans["session"]))
+        sb.operation = Operation(ans["operation"])
+        if wait:
+            done = self.wait_operation(sb.operation, timeout=wait_timeout)  # OperationFailed if it failed
+            if isinstance(done.get("result"), dict) and done["result"].get("id") == sb.id:
+                sb.info = SandboxInfo(done["result"])
+            else:
+                sb.refresh()
+        return sb
+
+    def get_sandbox(self, sandbox_id):
+        """The Sandbox handle of an existing sandbox (its session is issued when first needed)."""
+        return Sandbox(self, SandboxInfo(self._http.json("GET", f"/v1/sandboxes/{sandbox_id}")))
+
+    connect = get_sandbox
+
+    def list_sandboxes(self, state=None, metadata=None, limit=None):
+        """Every sandbox of the project (all pages), as SandboxInfo records.
+
+        state: a state or a list of states; metadata: {key: value} filters."""
+        q = {}
+        if state:
+            q["state"] = state if isinstance(state, str) else ",".join(state)
+        for k, v in (metadata or {}).items():
+            q[f"metadata.{k}"] = v
+        if limit:
+            q["limit"] = limit
+        out, token = [], None
+        while True:
+            if token:
+                q["page_token"] = token
+            page = self._http.json("GET", "/v1/sandboxes", query=q)
+            out.extend(SandboxInfo(s) for s in page.get("sandboxes") or [])
+            token = page.get("next_page_token")
+            if not token:
+                return out
+
+    def delete_sandbox(self, sandbox_id, wait=True, wait_timeout=600.0):
+        """Delete a sandbox; return the (finished, when wait) operation."""
+        op = Operation(self._http.json("DELETE", f"/v1/sandboxes/{sandbox_id}")["operation"])
+        return self.wait_operation(op, timeout=wait_timeout) if wait else op
+
+    def new_session(self, sandbox_id):
+        """Issue a fresh data-plane session token for a sandbox."""
+        return Session(self._http.json("POST", f"/v1/sandboxes/{sandbox_id}/session"))
+
+    # --- templates and snapshots --------------------------------------------------------------
+
+    def list_templates(self):
+        return [Template(t) for t in self._http.json("GET", "/v1/templates").get("templates") or []]
+
+    def get_template(self, name):
+        return Template(self._http.json("GET", f"/v1/templates/{name}"))
+
+    def list_snapshots(self, sandbox_id=None):
+        q, out, token = {"sandbox_id": sandbox_id}, [], None
+        while True:
+            if token:
+                q["page_token"] = token
+            page = self._http.json("GET", "/v1/snapshots", query=q)
+            out.extend(Snapshot(s) for s in page.get("snapshots") or [])
+            token = page.get("next_page_token")
+            if not token:
+                return out
+
+    def get_snapshot(self, snapshot_id):
+        return Snapshot(self._http.json("GET", f"/v1/snapshots/{snapshot_id}"))
+
+    def delete_snapshot(self, snapshot_id, wait=True):
+        ans = self._http.json("DELETE", f"/v1/snapshots/{snapshot_id}")
+        op = (ans or {}).get("operation")
+        if op and wait:
+            return self.wait_operation(op)
+        return Operation(op) if op else None
+
+    def fork_snapshot(self, snapshot_id, count=1, *, env=None, metadata=None, limits=None,
+                      timeout_seconds=None, network=None, wait=True, idempotency_key=None):
+        """Start count sandboxes from a snapshot's filesystem; return their Sandbox handles."""
+        body = {"count": count}
+        for k, v in (("env", env), ("metadata", metadata), ("limits", limits),
+                     ("timeout_seconds", timeout_seconds), ("network", network)):
+            if v is not None:
+                body[k] = v
+        key = idempotency_key or "py-" + uuid.uuid4().hex
+        ans = self._http.json("POST", f"/v1/snapshots/{snapshot_id}/fork", json_body=body,
+                              headers={"Idempotency-Key": key})
+        out = []
+        for item in ans.get("sandboxes") or []:
+            sb = Sandbox(self, SandboxInfo(item["sandbox"]), Session(item["session"]))
+            sb.operation = Operation(item["operation"])
+            out.append(sb)
+        if wait:
+            for sb in out:
+                self.wait_operation(sb.operation)
+                sb.refresh()
+        return out
+
+    def __repr__(self):
+        return f"Client({self.url!r})"
+
+
+class Sandbox:
+    """One sandbox: lifecycle through the control API, commands and files through its
+    data plane. Use as a context manager to delete it on exit."""
+
+    def __init__(self, client, info, session=None):
+        self.client = client
+        self.info = info
+        self.id = info["id"]
+        self.operation = None
+        self._session = session
+        self._dp = None
+        self._lock = threading.Lock()
+        self.files = Files(self)
+
+    def __repr__(self):
+        return f"Sandbox({self.id!r}, state={self.info.get('state')!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.delete()
+        except errors.NotFound:
+            pass
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def state(self):
+        return self.info.get("state")
+
+    def refresh(self):
+        """Re-read the sandbox from the server; return its SandboxInfo."""
+        self.info = SandboxInfo(self.client._http.json("GET", f"/v1/sandboxes/{self.id}"))
+        return self.info
+
+    def delete(self, wait=True):
+        return self.client.delete_sandbox(self.id, wait=wait)
+
+    def set_timeout(self, seconds):
+        """Delete the sandbox this many seconds from now (0: never)."""
+        self.info = SandboxInfo(self.client._http.json("POST", f"/v1/sandboxes/{self.id}/timeout",
+                                                       json_body={"timeout_seconds": int(seconds)}))
+        return self.info
+
+    def _lifecycle(self, verb, wait):
+        ans = self.client._http.json("POST", f"/v1/sandboxes/{self.id}/{verb}",
+                                     headers={"Idempotency-Key": "py-" + uuid.uuid4().hex})
+        op = Operation(ans["operation"])
+        if wait:
+            op = self.client.wait_operation(op)
+            self.refresh()
+        return op
+
+    def pause(self, wait=True):
+        """Freeze every process (state paused); the data plane refuses calls until resume."""
+        return self._lifecycle("pause", wait)
+
+    def resume(self, wait=True):
+        return self._lifecycle("resume", wait)
+
+    def snapshot(self, wait=True):
+        """Capture the sandbox's filesystem (not its processes); return the Snapshot."""
+        ans = self.client._http.json("POST", f"/v1/sandboxes/{self.id}/snapshots",
+                                     headers={"Idempotency-Key": "py-" + uuid.uuid4().hex})
+        snap = Snapshot(ans["snapshot"])
+        if wait:
+            self.client.wait_operation(ans["operation"])
+            snap = self.client.get_snapshot(snap["id"])
+        return snap
+
+    # --- data plane ---------------------------------------------------------------------------
+
+    @property
+    def session(self):
+        with self._lock:
+            if self._session is None:
+                self._session = self.client.new_session(self.id)
+                self._dp = None
+            return self._session
+
+    def _data(self):
+        sess = self.session
+        with self._lock:
+            if self._dp is None:
+                url = self.client.data_url or sess["data_url"]
+                self._dp = Transport(url, {"Authorization": "Bearer " + sess["token"]}, self.client.timeout,
+                                     self.client.retries, self.client._ssl)
+            return self._dp
+
+    def _renew_session(self):
+        with self._lock:
+            self._session = None
+            self._dp = None
+
+    def _dp_request(self, method, path, **kw):
+        """A data-plane request; an expired session token is renewed once."""
+        try:
+            return self._data().request(method, f"/v1/sandboxes/{self.id}{path}", **kw)
+        except errors.TokenExpired:
+            body = kw.get("body")
+            if body is not None and hasattr(body, "seek"):
+                body.seek(0)
+            self._renew_session()
+            return self._data().request(method, f"/v1/sandboxes/{self.id}{path}", **kw)
+
+    def _dp_json(self, method, path, **kw):
+        return self._dp_request(method, path, **kw).json()
+
+    def start(self, cmd, *, env=None, cwd=None, user=None, stdin=False, timeout=None, pty=None, tag=None):
+        """Start a command and return its Command handle at once.
+
+        cmd: a string (run by /bin/sh -c) or a list (argv). timeout: seconds
+        until SIGKILL. stdin=True keeps a stdin pipe open (Command.write_stdin,
+        close_stdin). pty: (cols, rows) to run under a terminal."""
+        spec = {"shell": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
+        if env:
+            spec["env"] = env
+        if cwd:
+            spec["cwd"] = cwd
+        if user is not None:
+            spec["user"] = str(user)
+        if stdin:
+            spec["stdin"] = True
+        if timeout:
+            spec["timeout_ms"] = int(timeout * 1000)
+        if pty:
+            spec["pty"] = {"cols": int(pty[0]), "rows": int(pty[1])}
+        if tag:
+            spec["tag"] = tag
+        return Command(self, CommandInfo(self._dp_json("POST", "/commands", json_body=spec)))
+
+    def run(self, cmd, on_stdout=None, on_stderr=None, *, stdin=None, capture=True, check=False, **kw):
+        """Run a command to its end, streaming its output; return a CommandResult.
+
+        on_stdout/on_stderr are called with each chunk (bytes) as it arrives.
+        stdin: bytes fed to the command, then closed. capture=False keeps no
+        copy of the output (for large outputs handled by the callbacks).
+        check=True raises CommandError on a non-zero exit. Other keywords as
+        for start()."""
+        c = self.start(cmd, stdin=stdin is not None, **kw)
+        if stdin is not None:
+            for i in range(0, len(stdin), 1 << 20):
+                c.write_stdin(stdin[i:i + (1 << 20)])
+            c.close_stdin()
+        res = c.wait(on_stdout, on_stderr, capture=capture)
+        if check and not res.ok:
+            raise CommandError(res)
+        return res
+
+    def command(self, command_id):
+        """The handle of an earlier command (e.g. to resume its output)."""
+        return Command(self, CommandInfo(self._dp_json("GET", f"/commands/{command_id}")))
+
+    def commands(self):
+        return [CommandInfo(c) for c in self._dp_json("GET", "/commands").get("commands") or []]
+
+
+class CommandError(errors.SpaceError):
+    """run(check=True) of a command that did not exit 0; result is its CommandResult."""
+
+    def __init__(self, result):
+        super().__init__(f"command {result.command_id} failed: {result!r}")
+        self.result = result
+
+
+class Command:
+    """A command started in a sandbox."""
+
+    def __init__(self, sandbox, info):
+        self.sandbox = sandbox
+        self.info = info
+        self.id = info["id"]
+        self.pid = info.get("pid")
+
+    def __repr__(self):
+        return f"Command({self.id!r}, sandbox={self.sandbox.id!r})"
+
+    def refresh(self):
+        self.info = CommandInfo(self.sandbox._dp_json("GET", f"/commands/{self.id}"))
+        return self.info
+
+    def write_stdin(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        self.sandbox._dp_request("POST", f"/commands/{self.id}/stdin", body=bytes(data),
+                                 content_type="application/octet-stream").close()
+
+    def close_stdin(self):
+        self.sandbox._dp_request("POST", f"/commands/{self.id}/stdin/close").close()
+
+    def signal(self, sig="SIGTERM"):
+        """Send a signal: a name ("SIGTERM", "TERM") or a number."""
+        self.sandbox._dp_request("POST", f"/commands/{self.id}/signal", json_body={"signal": sig}).close()
+
+    def kill(self):
+        self.signal("SIGKILL")
+
+    def resize(self, cols, rows):
+        self.sandbox._dp_request("POST", f"/commands/{self.id}/resize",
+                                 json_body={"cols": int(cols), "rows": int(rows)}).close()
+
+    def stream(self, after=0, max_failures=10, idle_timeout=60.0):
+        """The command's output as an OutputStream (an iterator of OutputEvents ending with
+        the exit event). Dropped connections are resumed with Last-Event-ID, so
+        nothing is lost or repeated; after resumes after that sequence number."""
+        return OutputStream(self, after, max_failures, idle_timeout)
+
+    def wait(self, on_stdout=None, on_stderr=None, capture=True, after=0):
+        """Follow the output to the exit event; return a CommandResult."""
+        out, err = [], []
+        for ev in self.stream(after=after):
+            if ev.type == "stdout":
+                if on_stdout:
+                    on_stdout(ev.data)
+                if capture:
+                    out.append(ev.data)
+            elif ev.type == "stderr":
+                if on_stderr:
+                    on_stderr(ev.data)
+                if capture:
+                    err.append(ev.data)
+            elif ev.type == "exit":
+                return CommandResult(self.id, ev.data, b"".join(out), b"".join(err))
+        raise errors.StreamError(f"command {self.id}: output ended without an exit event")
+
+
+class OutputStream:
+    """Iterator over a command's output events, reconnecting on its own.
+
+    last_event_id is the sequence number of the last event delivered;
+    reconnects counts resumed connections; drop() cuts the current connection
+    (as a network failure would) -- the next read resumes after last_event_id."""
+
+    def __init__(self, command, after, max_failures, idle_timeout):
+        self.command = command
+        self.last_event_id = int(after or 0)
+        self.reconnects = 0
+        self.max_failures = max_failures
+        self.idle_timeout = idle_timeout
+        self._resp = None
+        self._gen = self._events()
+        self.done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._gen)
+
+    def drop(self):
+        r = self._resp
+        if r is not None:
+            r.abort()
+
+    def close(self):
+        self._gen.close()
+
+    def _open(self):
+        sb = self.command.sandbox
+        hdr = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if self.last_event_id:
+            hdr["Last-Event-ID"] = str(self.last_event_id)
+        return sb._dp_request("GET", f"/commands/{self.command.id}/events", headers=hdr,
+                              timeout=self.idle_timeout, retry=False)
+
+    def _events(self):
+        failures, first = 0, True
+        while not self.done:
+            if not first:
+                self.reconnects += 1
+            first = False
+            progressed = False
+            try:
+                self._resp = self._open()
+                try:
+                    for e in sse.parse(iter(self._resp.readline, b"")):
+                        ev = self._decode(e)
+                        if ev is None:
+                            continue
+                        progressed = True
+                        if ev.seq:
+                            self.last_event_id = ev.seq
+                        if ev.type == "exit":
+                            self.done = True
+                        yield ev
+                        if self.done:
+                            return
+                finally:
+                    r, self._resp = self._resp, None
+                    r.close()
+            except (errors.ConnectionFailed, errors.Unavailable, errors.InternalError) + NETWORK_ERRORS as e:
+                last = e
+            else:
+                last = errors.StreamError("stream ended before the exit event")
+            failures = 0 if progressed else failures + 1
+            if failures > self.max_failures:
+                raise errors.StreamError(f"command {self.command.id}: output stream lost after "
+                                         f"{failures} attempts: {last}") from (last if isinstance(last, BaseException) else None)
+            time.sleep(min(0.05 * 2 ** failures, 2.0))
+
+    @staticmethod
+    def _decode(e):
+        seq = int(e.id) if e.id.isdigit() else 0
+        if e.type in ("stdout", "stderr"):
+            return OutputEvent(seq, e.type, base64.b64decode(e.data))
+        if e.type == "exit":
+            return OutputEvent(seq, "exit", json.loads(e.data) if e.data else {})
+        return None
+
+
+class Files:
+    """A sandbox's files (paths are absolute inside the sandbox). Bodies are streamed."""
+
+    def __init__(self, sandbox):
+        self._sb = sandbox
+
+    def upload(self, path, data, mode=None):
+        """Create or replace a file. data: bytes/str, a binary file object or an iterable
+        of bytes chunks (streamed, never held in memory whole). mode: e.g. 0o755."""
+        if isinstance(data, str):
+            data = data.encode()
+        q = {"path": path}
+        if mode is not None:
+            q["mode"] = format(mode, "o") if isinstance(mode, int) else mode
+        self._sb._dp_request("PUT", "/files", query=q, body=data, content_type="application/octet-stream",
+                             timeout=max(self._sb.client.timeout, 300)).close()
+
+    def upload_file(self, local_path, path, mode=None):
+        with open(local_path, "rb") as f:
+            self.upload(path, f, mode)
+
+    write = upload
+
+    def download(self, path, dest=None, chunk_size=1 << 20):
+        """Read a file. Without dest: return its bytes. With dest (a writable binary file
+        object): stream into it and return the byte count."""
+        resp = self._sb._dp_request("GET", "/files", query={"path": path}, timeout=max(self._sb.client.timeout, 300))
+        if dest is None:
+            with resp:
+                return resp.read()
+        n = 0
+        for chunk in resp.iter_chunks(chunk_size):
+            dest.write(chunk)
+            n += len(chunk)
+        return n
+
+    def download_file(self, path, local_path):
+        with open(local_path, "wb") as f:
+            return self.download(path, f)
+
+    def open_stream(self, path):
+        """The open download Response (read()/iter_chunks()/close()) for custom streaming."""
+        return self._sb._dp_request("GET", "/files", query={"path": path}, timeout=max(self._sb.client.timeout, 300))
+
+    def read(self, path):
+        return self.download(path)
+
+    def read_text(self, path, encoding="utf-8"):
+        return self.download(path).decode(encoding)
+
+    def write_text(self, path, text, encoding="utf-8", mode=None):
+        self.upload(path, text.encode(encoding), mode)
+
+    def list(self, path):
+        return [FileInfo(e) for e in self._sb._dp_json("GET", "/files/list", query={"path": path}).get("entries") or []]
+
+    def stat(self, path):
+        return FileInfo(self._sb._dp_json("GET", "/files/stat", query={"path": path}))
+
+    def exists(self, path):
+        try:
+            self.stat(path)
+            return True
+        except errors.NotFound:
+            return False
+
+    def mkdir(self, path):
+        self._sb._dp_request("POST", "/files/mkdir", json_body={"path": path}).close()
+
+    def move(self, src, dst):
+        self._sb._dp_request("POST", "/files/move", json_body={"from": src, "to": dst}).close()
+
+    rename = move
+
+    def remove(self, path, recursive=False):
+        q = {"path": path}
+        if recursive:
+            q["recursive"] = "true"
+        self._sb._dp_request("DELETE", "/files", query=q).close()
+

@@ -1,0 +1,320 @@
+"""The SDK against a real SPACE server.
+
+Needs SPACE_URL and SPACE_API_KEY (skipped otherwise); SPACE_TEST_TEMPLATE
+names the template (default: minimal). test/pysdk in the repository starts a
+server and runs this suite:  python3 -m unittest discover -s tests -v"""
+
+import hashlib
+import os
+import socket
+import tempfile
+import threading
+import unittest
+
+import space_sandbox as space
+
+URL = os.environ.get("SPACE_URL", "")
+KEY = os.environ.get("SPACE_API_KEY", "")
+TEMPLATE = os.environ.get("SPACE_TEST_TEMPLATE", "minimal")
+
+
+@unittest.skipUnless(URL and KEY, "set SPACE_URL and SPACE_API_KEY to run against a server")
+class IntegrationTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.client = space.Client(URL, KEY)
+        cls.sb = cls.client.create_sandbox(TEMPLATE, metadata={"suite": "pysdk"})
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.sb.delete()
+        except space.NotFound:
+            pass
+
+    def test_create_get_list_delete(self):
+        sb = self.client.create_sandbox(TEMPLATE, metadata={"case": "lifecycle"}, timeout_seconds=600)
+        self.assertEqual(sb.state, "running")
+        self.assertRegex(sb.id, r"^sbx-[0-9a-f]{16}$")
+        self.assertEqual(sb.operation.kind, "sandbox.create")
+        got = self.client.get_sandbox(sb.id)
+        self.assertEqual(got.info.metadata, {"case": "lifecycle"})
+        # A handle from get_sandbox issues its own session for the data plane.
+        self.assertEqual(got.run(["echo", "via get"]).stdout, b"via get\n")
+        ids = [s.id for s in self.client.list_sandboxes(metadata={"case": "lifecycle"})]
+        self.assertIn(sb.id, ids)
+        self.assertNotIn(self.sb.id, ids)
+        info = sb.set_timeout(1200)
+        self.assertTrue(info.expires_at)
+        op = sb.delete()
+        self.assertEqual(op.state, "succeeded")
+        self.assertNotIn(sb.id, [s.id for s in self.client.list_sandboxes(metadata={"case": "lifecycle"})])
+
+    def test_context_manager_deletes(self):
+        with self.client.create_sandbox(TEMPLATE) as sb:
+            self.assertTrue(sb.run("true").ok)
+        self.assertIn(self.client.get_sandbox(sb.id).state, ("deleted",))
+
+    def test_create_without_wait(self):
+        sb = self.client.create_sandbox(TEMPLATE, wait=False)
+        self.assertEqual(sb.state, "creating")
+        op = self.client.wait_operation(sb.operation.id)
+        self.assertEqual(op.state, "succeeded")
+        self.assertEqual(sb.refresh().state, "running")
+        sb.delete()
+
+    def test_run_streams_stdout_and_stderr(self):
+        out, err = [], []
+        res = self.sb.run("for i in 1 2 3; do echo out$i; echo err$i >&2; done; exit 7",
+                          on_stdout=out.append, on_stderr=err.append)
+        self.assertEqual(res.exit_code, 7)
+        self.assertFalse(res.ok)
+        self.assertEqual(b"".join(out), b"out1\nout2\nout3\n")
+        self.assertEqual(b"".join(err), b"err1\nerr2\nerr3\n")
+        self.assertEqual(res.stdout, b"out1\nout2\nout3\n")
+        self.assertEqual(res.stderr, b"err1\nerr2\nerr3\n")
+
+    def test_run_argv_env_cwd_and_check(self):
+        res = self.sb.run(["sh", "-c", 'echo "$GREETING $(pwd)"'], env={"GREETING": "hi"}, cwd="/tmp")
+        self.assertEqual(res.text, "hi /tmp\n")
+        with self.assertRaises(space.CommandError) as cm:
+            self.sb.run("exit 3", check=True)
+        self.assertEqual(cm.exception.result.exit_code, 3)
+
+    def test_stdin_and_signal(self):
+        res = self.sb.run(["cat"], stdin=b"x" * 3_000_000)
+        self.assertEqual(len(res.stdout), 3_000_000)
+        c = self.sb.start(["cat"], stdin=True)
+        c.write_stdin("hello ")
+        c.write_stdin(b"world")
+        c.close_stdin()
+        self.assertEqual(c.wait().stdout, b"hello world")
+        c = self.sb.start("sleep 300")
+        c.signal("SIGTERM")
+        res = c.wait()
+        self.assertEqual((res.exit_code, res.signal), (-1, "SIGTERM"))
+        res = self.sb.run("sleep 300", timeout=0.5)
+        self.assertTrue(res.timed_out)
+        self.assertEqual(res.signal, "SIGKILL")
+
+    def test_stream_events_and_resume_from_position(self):
+        c = self.sb.start("echo one; echo two >&2; echo three")
+        events = list(c.stream())
+        self.assertEqual(events[-1].type, "exit")
+        self.assertEqual([e.seq for e in events], list(range(1, len(events) + 1)))
+        # A new stream after event 1 yields exactly the rest.
+        rest = list(self.sb.command(c.id).stream(after=events[0].seq))
+        self.assertEqual([(e.seq, e.type, e.data) for e in rest], [(e.seq, e.type, e.data) for e in events[1:]])
+
+    def test_dropped_stream_resumes_without_loss(self):
+        # Output arrives in bursts while the command runs; the connection is cut
+        # several times while it is still producing.
+        script = ('i=0; while [ $i -lt 30 ]; do j=0; while [ $j -lt 200 ]; do echo "line $i.$j"; j=$((j+1)); done; '
+                  'i=$((i+1)); sleep 0.05; done')
+        want = "".join(f"line {i}.{j}\n" for i in range(30) for j in range(200)).encode()
+        c = self.sb.start(script)
+        stream = c.stream()
+        got, seqs, dropped = [], [], set()
+        for ev in stream:
+            seqs.append(ev.seq)
+            if ev.type == "stdout":
+                got.append(ev.data)
+            if len(dropped) < 3 and stream.reconnects not in dropped:
+                # Cut each of the first three connections after its first event, as
+                # a network failure would; what it had buffered is still delivered,
+                # then the stream reconnects with Last-Event-ID.
+                dropped.add(stream.reconnects)
+                stream.drop()
+        self.assertEqual(seqs, list(range(1, len(seqs) + 1)), "events lost or repeated")
+        self.assertEqual(b"".join(got), want)
+        self.assertGreaterEqual(stream.reconnects, 3)
+        self.assertEqual(ev.type, "exit")
+        self.assertEqual(ev.data.get("exit_code"), 0)
+
+    def test_stream_cut_mid_event_by_proxy_resumes(self):
+        # A proxy in front of the data plane cuts each of the first connections
+        # after a few kilobytes -- in the middle of an event.
+        data_host, data_port = _host_port(self.sb.session["data_url"])
+        proxy = _CuttingProxy(data_host, data_port, cut_after=[])
+        try:
+            client = space.Client(URL, KEY, data_url=f"http://127.0.0.1:{proxy.port}")
+            sb = client.get_sandbox(self.sb.id)
+            c = sb.start("i=0; while [ $i -lt 20000 ]; do echo \"row $i\"; i=$((i+1)); done")
+            proxy.cut_after = [700, 5000, 12345]  # only the event streams' connections are cut
+            stream = c.stream()
+            out = b"".join(ev.data for ev in stream if ev.type == "stdout")
+            self.assertEqual(out, "".join(f"row {i}\n" for i in range(20000)).encode())
+            self.assertEqual(proxy.cuts, 3)
+            self.assertGreaterEqual(stream.reconnects, 3)
+        finally:
+            proxy.close()
+
+    def test_files_50mb_up_and_down_streamed(self):
+        size = 50 * 1024 * 1024
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = os.path.join(d, "up.bin"), os.path.join(d, "down.bin")
+            h = hashlib.sha256()
+            with open(src, "wb") as f:
+                for _ in range(50):
+                    block = os.urandom(1 << 20)
+                    h.update(block)
+                    f.write(block)
+            self.sb.files.upload_file(src, "/tmp/big.bin")
+            st = self.sb.files.stat("/tmp/big.bin")
+            self.assertEqual((st.size, st.type), (size, "file"))
+            res = self.sb.run("sha256sum /tmp/big.bin")
+            self.assertEqual(res.text.split()[0], h.hexdigest())
+            n = self.sb.files.download_file("/tmp/big.bin", dst)
+            self.assertEqual(n, size)
+            h2 = hashlib.sha256()
+            with open(dst, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h2.update(block)
+            self.assertEqual(h2.hexdigest(), h.hexdigest())
+        self.sb.files.remove("/tmp/big.bin")
+
+    def test_files_chunked_upload_and_operations(self):
+        chunks = (bytes([i]) * 65536 for i in range(64))  # a generator: sent chunked
+        self.sb.files.upload("/tmp/gen.bin", chunks, mode=0o600)
+        st = self.sb.files.stat("/tmp/gen.bin")
+        self.assertEqual((st.size, st.mode & 0o777), (64 * 65536, 0o600))
+        self.sb.files.mkdir("/tmp/d1/d2")
+        self.sb.files.write_text("/tmp/d1/d2/a.txt", "alpha")
+        self.assertTrue(self.sb.files.stat("/tmp/d1/d2").is_dir)
+        self.assertEqual([e.name for e in self.sb.files.list("/tmp/d1/d2")], ["a.txt"])
+        self.sb.files.move("/tmp/d1/d2/a.txt", "/tmp/d1/b.txt")
+        self.assertEqual(self.sb.files.read_text("/tmp/d1/b.txt"), "alpha")
+        self.assertFalse(self.sb.files.exists("/tmp/d1/d2/a.txt"))
+        with self.assertRaises(space.Conflict) as cm:
+            self.sb.files.remove("/tmp/d1")  # not empty, not recursive
+        self.assertEqual(cm.exception.code, "not_empty")
+        self.sb.files.remove("/tmp/d1", recursive=True)
+        self.assertFalse(self.sb.files.exists("/tmp/d1"))
+
+    def test_errors_are_typed(self):
+        with self.assertRaises(space.NotFound) as cm:
+            self.client.get_sandbox("sbx-0000000000000000")
+        self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"))
+        with self.assertRaises(space.Unauthorized):
+            space.Client(URL, "space_not_a_key").list_sandboxes()
+        with self.assertRaises(space.InvalidArgument) as cm:
+            self.client.create_sandbox("Not A Template Name")
+        self.assertEqual(cm.exception.code, "invalid_argument")
+        with self.assertRaises(space.InvalidArgument):
+            self.client.create_sandbox(TEMPLATE, limits={"memory_bytes": 1})
+        with self.assertRaises(space.NotFound):
+            self.client.create_sandbox("no-such-template")
+        with self.assertRaises(space.NotFound):
+            self.sb.files.read("/no/such/file")
+        with self.assertRaises(space.NotFound):
+            self.sb.command("999999")
+        c = self.sb.start("true")
+        c.wait()
+        with self.assertRaises(space.Conflict):
+            c.write_stdin(b"too late")
+        with self.assertRaises(space.ConnectionFailed):
+            space.Client("http://127.0.0.1:9", KEY, retries=0).list_sandboxes()
+        # Every typed error is a SpaceError.
+        self.assertTrue(issubclass(space.NotFound, space.SpaceError))
+
+    def test_pause_resume_snapshot_fork(self):
+        sb = self.client.create_sandbox(TEMPLATE)
+        try:
+            sb.files.mkdir("/data")  # not /tmp: a driver may mount a tmpfs there, outside snapshots
+            sb.files.write_text("/data/note.txt", "kept")
+            try:
+                sb.pause()
+            except (space.OperationFailed, space.Unavailable) as e:
+                self.skipTest(f"pause not available on this server: {e}")
+            self.assertEqual(sb.state, "paused")
+            with self.assertRaises(space.Conflict):  # SandboxPaused is a Conflict
+                sb.run("true")
+            sb.resume()
+            self.assertEqual(sb.state, "running")
+            self.assertEqual(sb.run("cat /data/note.txt").stdout, b"kept")
+            snap = sb.snapshot()
+            self.assertEqual((snap.state, snap.kind, snap.sandbox_id), ("ready", "filesystem", sb.id))
+            self.assertIn(snap.id, [s.id for s in self.client.list_snapshots(sandbox_id=sb.id)])
+            (fork,) = self.client.fork_snapshot(snap.id)
+            try:
+                self.assertEqual(fork.state, "running")
+                self.assertEqual(fork.files.read_text("/data/note.txt"), "kept")
+            finally:
+                fork.delete()
+        finally:
+            sb.delete()
+
+
+def _host_port(url):
+    rest = url.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = rest.rpartition(":")
+    return host, int(port)
+
+
+class _CuttingProxy:
+    """A TCP proxy that closes the i-th connection after cut_after[i] bytes from the server."""
+
+    def __init__(self, host, port, cut_after):
+        self.target = (host, port)
+        self.cut_after = list(cut_after)
+        self.cuts = 0
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.port = self.lsock.getsockname()[1]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.lsock.close()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            with self._lock:
+                limit = self.cut_after.pop(0) if self.cut_after else None
+            threading.Thread(target=self._serve, args=(c, limit), daemon=True).start()
+
+    def _serve(self, c, limit):
+        s = socket.create_connection(self.target)
+
+        def up():
+            try:
+                while True:
+                    b = c.recv(65536)
+                    if not b:
+                        break
+                    s.sendall(b)
+            except OSError:
+                pass
+
+        threading.Thread(target=up, daemon=True).start()
+        sent = 0
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                if limit is not None and sent + len(b) >= limit:
+                    c.sendall(b[:limit - sent])
+                    with self._lock:
+                        self.cuts += 1
+                    break
+                c.sendall(b)
+                sent += len(b)
+        except OSError:
+            pass
+        finally:
+            for x in (c, s):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                x.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,50 @@
+"""Offline tests: SSE parsing and error mapping (no server needed)."""
+
+import unittest
+
+import space_sandbox as space
+from space_sandbox import errors, sse
+
+
+class SSETest(unittest.TestCase):
+    def test_parse(self):
+        raw = [b": keep-alive\n", b"id: 1\n", b"event: stdout\n", b"data: aGk=\n", b"\n",
+               b"data: a\n", b"data: b\r\n", b"\r\n", b"id: 3\n", b"event: exit\n", b"data: {}\n", b"\n"]
+        evs = list(sse.parse(raw))
+        self.assertEqual([(e.id, e.type, e.data) for e in evs],
+                         [("1", "stdout", "aGk="), ("1", "message", "a\nb"), ("3", "exit", "{}")])
+
+    def test_partial_event_is_dropped(self):
+        raw = [b"id: 1\n", b"event: stdout\n", b"data: aGk=\n", b"\n", b"id: 2\n", b"event: stdout\n", b"data: aG"]
+        self.assertEqual([e.id for e in sse.parse(raw)], ["1"])
+        raw = [b"id: 1\n", b"event: stdout\n", b"data: aGk=\n"]  # no blank line: not dispatched
+        self.assertEqual(list(sse.parse(raw)), [])
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_mapping(self):
+        cases = [(404, "not_found", space.NotFound), (401, "token_expired", space.TokenExpired),
+                 (409, "sandbox_paused", space.SandboxPaused), (409, "no_stdin", space.Conflict),
+                 (400, "unknown_field", space.InvalidArgument), (410, "events_gone", space.Gone),
+                 (429, "resource_exhausted", space.ResourceExhausted), (503, "", space.Unavailable),
+                 (418, "teapot", space.APIError)]
+        for status, code, cls in cases:
+            e = errors.error_for(status, code, "m")
+            self.assertIs(type(e), cls, (status, code))
+            self.assertIsInstance(e, space.SpaceError)
+        self.assertTrue(issubclass(space.TokenExpired, space.Unauthorized))
+        self.assertTrue(issubclass(space.SandboxPaused, space.Conflict))
+
+    def test_client_needs_key(self):
+        import os
+        old = os.environ.pop("SPACE_API_KEY", None)
+        try:
+            with self.assertRaises(ValueError):
+                space.Client("http://127.0.0.1:1")
+        finally:
+            if old is not None:
+                os.environ["SPACE_API_KEY"] = old
+
+
+if __name__ == "__main__":
+    unittest.main()
