@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,22 +31,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/space-sandbox/space/test/testenv"
 )
 
 type server struct {
+	*testenv.Server
 	bin, dataDir, ctrl, key string
-	cmd                     *exec.Cmd
-	logPath                 string
-}
-
-func repoRoot() string {
-	wd, _ := os.Getwd()
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	return wd
 }
 
 func startServer(t *testing.T) *server {
@@ -58,74 +48,26 @@ func startServer(t *testing.T) *server {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("needs /bin/busybox (busybox-static)")
 	}
-	work := t.TempDir()
-	os.Chmod(work, 0o711)
-	runDir, err := os.MkdirTemp("/tmp", "spt")
+	srv, err := testenv.New("space-tpl-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(runDir) })
-	s := &server{bin: filepath.Join(work, "space"), dataDir: filepath.Join(work, "data"), logPath: filepath.Join(work, "server.log")}
-	build := exec.Command("go", "build", "-o", s.bin, "./cmd/space")
-	build.Dir = repoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	tplDir := os.Getenv("SPACE_TEMPLATE_CACHE")
-	if tplDir == "" {
-		tplDir = "/var/tmp/space-test-templates"
-	}
-	addrFile := filepath.Join(s.dataDir, "addr.json")
-	os.MkdirAll(s.dataDir, 0o711)
-	logf, err := os.Create(s.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = exec.Command(s.bin, "server", "--data-dir", s.dataDir, "--run-dir", runDir, "--template-dir", tplDir,
-		"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--addr-file", addrFile, "--builtins", "minimal")
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	srv.Args = []string{"--builtins", "minimal"}
 	t.Cleanup(func() {
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { s.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			s.cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
+		srv.Stop()
 		if t.Failed() {
-			b, _ := os.ReadFile(s.logPath)
-			if len(b) > 10000 {
-				b = b[len(b)-10000:]
-			}
-			t.Logf("server log tail:\n%s", b)
+			t.Logf("server log tail:\n%s", srv.LogTail(10000))
 		}
+		srv.Remove()
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for s.ctrl == "" && time.Now().Before(deadline) {
-		if raw, err := os.ReadFile(addrFile); err == nil {
-			var a struct{ Control string }
-			if json.Unmarshal(raw, &a) == nil {
-				s.ctrl = a.Control
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
 	}
-	if s.ctrl == "" {
-		t.Fatal("server did not start")
-	}
-	out, err := exec.Command(s.bin, "keys", "create", "--data-dir", s.dataDir, "--project", "p1").Output()
+	key, err := srv.CreateKey("p1")
 	if err != nil {
-		t.Fatalf("keys create: %v", err)
+		t.Fatal(err)
 	}
-	s.key = strings.TrimSpace(string(out))
-	return s
+	return &server{Server: srv, bin: srv.Bin, dataDir: srv.DataDir, ctrl: srv.Ctrl, key: key}
 }
 
 func (s *server) call(t *testing.T, method, path string, body io.Reader, ctype string) (int, map[string]any) {
