@@ -22,6 +22,9 @@ echo "== go vet"
 go vet ./...
 echo "== staticcheck"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+# A throwaway PostgreSQL cluster (127.0.0.1:55432) for the store suite and
+# the two-replica test; a cluster that will not start fails the run.
+export SPACE_TEST_POSTGRES=${SPACE_TEST_POSTGRES:-$(bash scripts/postgres.sh)}
 echo "== go test"
 # -p 1: the root tests share host-wide state (cgroups, uid range) and the
 # leak checks must see only their own sandboxes.

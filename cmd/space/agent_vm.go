@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent"
@@ -60,6 +61,7 @@ func runAgentVM(args []string) error {
 		}
 	}
 	agent.StartReaper(ctx)
-	logf("serving on %s", l.Addr())
+	up, _ := os.ReadFile("/proc/uptime")
+	logf("serving on %s, uptime %s", l.Addr(), strings.Fields(string(up) + " ?")[0])
 	return agent.NewServer(agent.Options{Version: version}).Serve(ctx, l)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/server"
-	"github.com/space-sandbox/space/internal/store/sqlite"
 )
 
 func splitList(s string) []string {
@@ -27,17 +25,29 @@ func splitList(s string) []string {
 	return out
 }
 
+// storeDefault is $SPACE_STORE (so a DSN with a password need not be on
+// the command line), else sqlite.
+func storeDefault() string {
+	if v := os.Getenv("SPACE_STORE"); v != "" {
+		return v
+	}
+	return "sqlite"
+}
+
 func runServer(args []string) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (SQLite store, templates, sandboxes)")
+	fs.StringVar(&cfg.Store, "store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN shared by several servers (default $SPACE_STORE, else sqlite)")
+	fs.StringVar(&cfg.NodeName, "node-name", "", "this server's node name, unique per replica (default: local with sqlite, <hostname>-<data-dir hash> with postgres)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the listen addresses here as JSON once serving")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "control API address")
 	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address")
 	fs.StringVar(&cfg.DataURL, "data-url", "", "public data-plane URL given to clients (default http://<data-listen>)")
-	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|gvisor|namespace")
+	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|firecracker|qemu|gvisor|namespace")
+	fs.StringVar(&cfg.QEMUAccel, "qemu-accel", "", "qemu driver accelerator: kvm|tcg (default: KVM when it can run guests, else TCG)")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: scripts/runsc.sh's pinned build, then PATH)")
 	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
@@ -67,20 +77,23 @@ func runServer(args []string) error {
 
 func runKeys(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR] [flags]")
+		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR | --store DSN] [flags]")
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")
+	store := fs.String("store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN (default $SPACE_STORE, else sqlite)")
 	project := fs.String("project", "default", "project the key belongs to")
 	name := fs.String("name", "", "a label for the key")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	ctx := context.Background()
-	if err := os.MkdirAll(*dataDir, 0o711); err != nil {
-		return err
+	if !server.IsPostgres(*store) {
+		if err := os.MkdirAll(*dataDir, 0o711); err != nil {
+			return err
+		}
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(*dataDir, "space.db"))
+	st, err := server.OpenStore(ctx, *store, *dataDir, "", nil)
 	if err != nil {
 		return err
 	}

@@ -37,13 +37,36 @@ func (b *Broker) Publish(ctx context.Context, projectID, typ, sandboxID, opID st
 	if err != nil {
 		return err
 	}
+	b.Wake(projectID)
+	return nil
+}
+
+// EventWatcher is implemented by stores that several servers share (the
+// PostgreSQL store, over LISTEN/NOTIFY): WatchEvents calls wake with the
+// project of every event appended by any server, and with "" (all
+// projects) when it may have missed some, until ctx ends. The SQLite store
+// has a single server and does not implement it.
+type EventWatcher interface {
+	WatchEvents(ctx context.Context, wake func(projectID string)) error
+}
+
+// Wake wakes the subscribers of a project, or of every project when
+// projectID is "", without storing anything: an event written by another
+// server is already in the store.
+func (b *Broker) Wake(projectID string) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if projectID == "" {
+		for p, ch := range b.waiters {
+			close(ch)
+			delete(b.waiters, p)
+		}
+		return
+	}
 	if ch, ok := b.waiters[projectID]; ok {
 		close(ch)
 		delete(b.waiters, projectID)
 	}
-	b.mu.Unlock()
-	return nil
 }
 
 // Changed returns a channel closed at the next event of the project. Take it

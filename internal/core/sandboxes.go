@@ -340,6 +340,20 @@ func (s *Service) Get(ctx context.Context, projectID, id string) (Sandbox, error
 	return s.store.GetSandbox(ctx, projectID, id)
 }
 
+// getLocal is Get for lifecycle calls: a live sandbox that runs on another
+// node (another server replica's in-process node) is refused, since this
+// server cannot act on it and would only corrupt its record.
+func (s *Service) getLocal(ctx context.Context, projectID, id string) (Sandbox, error) {
+	sb, err := s.Get(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.Node != "" && sb.Node != s.opts.NodeName && !sb.State.Terminal() {
+		return sb, fmt.Errorf("sandbox %s runs on node %s; send lifecycle calls to that node's server: %w", id, sb.Node, ErrConflict)
+	}
+	return sb, nil
+}
+
 // List returns a page of a project's sandboxes.
 func (s *Service) List(ctx context.Context, f SandboxFilter) ([]Sandbox, error) {
 	if f.Limit <= 0 || f.Limit > 1000 {
@@ -354,7 +368,7 @@ func (s *Service) Delete(ctx context.Context, projectID, id string) (Operation, 
 }
 
 func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string) (Operation, error) {
-	sb, err := s.Get(ctx, projectID, id)
+	sb, err := s.getLocal(ctx, projectID, id)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -398,7 +412,7 @@ func (s *Service) SetTimeout(ctx context.Context, projectID, id string, seconds 
 	if seconds < 0 || seconds > MaxTimeoutSecond {
 		return Sandbox{}, invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
 	}
-	if _, err := s.Get(ctx, projectID, id); err != nil {
+	if _, err := s.getLocal(ctx, projectID, id); err != nil {
 		return Sandbox{}, err
 	}
 	return s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
@@ -430,7 +444,7 @@ func (s *Service) SetNetwork(ctx context.Context, projectID, id string, p Networ
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if _, err := s.Get(ctx, projectID, id); err != nil {
+	if _, err := s.getLocal(ctx, projectID, id); err != nil {
 		return Sandbox{}, err
 	}
 	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
@@ -453,7 +467,7 @@ func (s *Service) SetNetwork(ctx context.Context, projectID, id string, p Networ
 
 // NetworkLog returns a running sandbox's egress decisions after a position.
 func (s *Service) NetworkLog(ctx context.Context, projectID, id string, after uint64, limit int) (NetworkLog, error) {
-	sb, err := s.Get(ctx, projectID, id)
+	sb, err := s.getLocal(ctx, projectID, id)
 	if err != nil {
 		return NetworkLog{}, err
 	}

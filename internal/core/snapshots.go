@@ -147,7 +147,7 @@ func (s *Service) Pause(ctx context.Context, projectID, id, idemKey string) (Ope
 	if err != nil {
 		return Operation{}, err
 	}
-	sb, err := s.Get(ctx, projectID, id)
+	sb, err := s.getLocal(ctx, projectID, id)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -201,7 +201,7 @@ func (s *Service) Resume(ctx context.Context, projectID, id, idemKey string) (Op
 	if err != nil {
 		return Operation{}, err
 	}
-	sb, err := s.Get(ctx, projectID, id)
+	sb, err := s.getLocal(ctx, projectID, id)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -255,7 +255,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idem
 	if len(idemKey) > 128 {
 		return Snapshot{}, Operation{}, invalid("Idempotency-Key longer than 128 bytes")
 	}
-	sb, err := s.Get(ctx, projectID, sandboxID)
+	sb, err := s.getLocal(ctx, projectID, sandboxID)
 	if err != nil {
 		return Snapshot{}, Operation{}, err
 	}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,28 +24,35 @@ import (
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/firecracker"
 	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/internal/driver/namespace"
+	"github.com/space-sandbox/space/internal/driver/qemu"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/egress/credstore"
 	"github.com/space-sandbox/space/internal/netns"
 	"github.com/space-sandbox/space/internal/node"
+	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 	"github.com/space-sandbox/space/internal/template"
+	"github.com/space-sandbox/space/internal/vmimage"
 )
 
 // Config is everything `space server` needs.
 type Config struct {
 	DataDir        string // store, sandbox state, logs
+	Store          string // "sqlite" or "" (DataDir/space.db, the default), or a postgres:// DSN several servers share
+	NodeName       string // this server's node in sandbox records: default "local" (SQLite), host + data-dir hash (PostgreSQL)
 	TemplateDir    string // built templates (default DataDir/templates); may be shared between servers on one host
 	AddrFile       string // if set, the listen addresses are written here as JSON once serving
 	RunDir         string // agent sockets (short path)
 	Listen         string // control API address
 	DataListen     string // data plane address
 	DataURL        string // public data-plane URL handed to clients (default http://DataListen)
-	Driver         string // "namespace", "gvisor" or "auto"
+	Driver         string // "namespace", "gvisor", "qemu", "firecracker" or "auto"
 	Runsc          string // runsc for the gvisor driver (default: the pinned build in /var/cache/space/runsc, then PATH)
+	QEMUAccel      string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
 	AgentPath      string // the space binary, exec'd as each sandbox's PID 1
 	WarmPool       int
 	WarmTemplates  []string
@@ -95,7 +103,7 @@ func DefaultConfig() Config {
 // Server is a running single-node SPACE.
 type Server struct {
 	cfg        Config
-	store      *sqlite.Store
+	store      core.Store
 	engine     *core.Engine
 	svc        *core.Service
 	node       *node.Node
@@ -118,7 +126,25 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable)"
 		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
 			f.Close()
-			reason = "KVM present, but no VM driver is built in so far"
+			reason = "/dev/kvm opens but cannot run guests (no vmx/svm): firecracker, qemu+KVM unavailable"
+		}
+		if vmimage.KVMUsable() {
+			reason = "KVM usable"
+			switch d, err := newFirecracker(cfg, logf, network); {
+			case err == nil:
+				logf("driver: firecracker (%s)", reason)
+				return d, nil
+			default:
+				reason += "; firecracker unavailable: " + err.Error()
+			}
+			cfg.QEMUAccel = "kvm"
+			switch d, err := newQEMU(cfg, logf, network); {
+			case err == nil:
+				logf("driver: qemu with KVM (%s)", reason)
+				return d, nil
+			default:
+				reason += "; qemu unavailable: " + err.Error()
+			}
 		}
 		want = "namespace"
 		switch runsc, err := gvisor.FindRunsc(cfg.Runsc); {
@@ -142,6 +168,10 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 			return nil, errors.New("driver gvisor: egress networks are not supported by this driver yet")
 		}
 		return newGvisor(cfg, logf)
+	case "qemu":
+		return newQEMU(cfg, logf, network)
+	case "firecracker":
+		return newFirecracker(cfg, logf, network)
 	case "namespace":
 		var hook func(ctx context.Context, id string, pid int) error
 		if network != nil {
@@ -166,6 +196,34 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 	default:
 		return nil, fmt.Errorf("driver %q is not available on this build/host", want)
 	}
+}
+
+// newQEMU makes the qemu microVM driver (KVM or TCG), its state below
+// DataDir/qemu and its sockets below RunDir/qemu. VMs have no network
+// device yet, so it refuses egress networks.
+func newQEMU(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
+	if network != nil {
+		return nil, errors.New("driver qemu: egress networks are not supported by this driver yet")
+	}
+	return qemu.New(qemu.Options{
+		StateDir:  filepath.Join(cfg.DataDir, "qemu"),
+		RunDir:    filepath.Join(cfg.RunDir, "qemu"),
+		AgentPath: cfg.AgentPath,
+		Accel:     cfg.QEMUAccel,
+		Logf:      logf,
+	})
+}
+
+// newFirecracker makes the firecracker driver (KVM hosts only).
+func newFirecracker(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
+	if network != nil {
+		return nil, errors.New("driver firecracker: egress networks are not supported by this driver yet")
+	}
+	return firecracker.New(firecracker.Options{
+		StateDir:  filepath.Join(cfg.DataDir, "fc"),
+		AgentPath: cfg.AgentPath,
+		Logf:      logf,
+	})
 }
 
 // newGvisor makes the gvisor driver, its state beside the namespace
@@ -254,7 +312,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	var err error
-	if s.store, err = sqlite.Open(ctx, filepath.Join(cfg.DataDir, "space.db")); err != nil {
+	if cfg.NodeName, err = nodeName(cfg); err != nil {
+		return nil, err
+	}
+	if s.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
 		return nil, err
 	}
 	if cfg.Egress != nil {
@@ -310,6 +371,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	broker := core.NewBroker(s.store, time.Now)
+	if w, ok := s.store.(core.EventWatcher); ok {
+		// Events other replicas store wake this one's followers.
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); w.WatchEvents(runCtx, broker.Wake) }()
+	}
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
 	var rt core.Runtime = &runtime{Node: s.node, t: s.templates}
 	if s.net != nil {
@@ -317,7 +383,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.svc = core.NewService(s.store, s.engine, broker, rt, core.ServiceOptions{
 		DefaultTimeout: cfg.DefaultTimeout, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
-		NodeName: "local", Logf: cfg.Logf,
+		NodeName: cfg.NodeName, Logf: cfg.Logf,
 	})
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
@@ -381,6 +447,41 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ok = true
 	cfg.Logf("space server: control API on http://%s, data plane on %s, data dir %s", s.ctrlLn.Addr(), dataURL, cfg.DataDir)
 	return s, nil
+}
+
+// IsPostgres reports whether store names a PostgreSQL database.
+func IsPostgres(store string) bool {
+	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
+}
+
+// OpenStore opens the store named by store ("" or "sqlite": dataDir/space.db;
+// a postgres:// DSN: that database, scoped to node; see postgres.Options).
+func OpenStore(ctx context.Context, store, dataDir, node string, logf func(string, ...any)) (core.Store, error) {
+	switch {
+	case store == "" || store == "sqlite":
+		return sqlite.Open(ctx, filepath.Join(dataDir, "space.db"))
+	case IsPostgres(store):
+		return postgres.Open(ctx, store, postgres.Options{Node: node, Logf: logf})
+	default:
+		return nil, fmt.Errorf("store: want sqlite or a postgres:// DSN: %w", core.ErrInvalid)
+	}
+}
+
+// nodeName returns cfg.NodeName or its default: "local" on SQLite (one
+// server), and on PostgreSQL one that differs between replicas: the host
+// name and a hash of the data dir.
+func nodeName(cfg Config) (string, error) {
+	if cfg.NodeName != "" {
+		return cfg.NodeName, nil
+	}
+	if !IsPostgres(cfg.Store) {
+		return "local", nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("node name: %w", err)
+	}
+	return host + "-" + strings.TrimPrefix(cgroupBase(cfg.DataDir), "space-"), nil
 }
 
 // Addr returns the control API address.

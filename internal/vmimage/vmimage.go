@@ -29,6 +29,7 @@ import (
 const (
 	SerialRoot  = "root"
 	SerialUpper = "upper"
+	SerialAgent = "agent"
 )
 
 // Modules are the kernel modules (by name) the guest loads, dependencies
@@ -110,6 +111,24 @@ func RootDisk(ctx context.Context, dir, out string) error {
 	}
 	size = size + size/4 + 16<<20
 	return mkfs(ctx, out, size, dir, "space-root")
+}
+
+// AgentDisk builds a small read-only-use ext4 image holding the static
+// `space` binary at /space, the guest's agent.
+func AgentDisk(ctx context.Context, agent, out string) error {
+	dir, err := os.MkdirTemp(filepath.Dir(out), ".agent-")
+	if err != nil {
+		return fmt.Errorf("vmimage: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	data, err := os.ReadFile(agent)
+	if err != nil {
+		return fmt.Errorf("vmimage: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "space"), data, 0o755); err != nil {
+		return fmt.Errorf("vmimage: %w", err)
+	}
+	return RootDisk(ctx, dir, out)
 }
 
 // BlankDisk makes an empty, sparse ext4 image of size bytes at out: a

@@ -1,6 +1,7 @@
 package vmux
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -51,8 +52,9 @@ func (l *Listener) run(ctx context.Context, open func() (io.ReadWriteCloser, err
 	// discards what the host already sent (the next session's handshake).
 	stop := context.AfterFunc(ctx, func() { _ = rw.Close() })
 	defer stop()
+	br := bufio.NewReaderSize(rw, 64<<10)
 	for ctx.Err() == nil {
-		s, err := Server(keepOpen{rw})
+		s, err := serverOn(keepOpen{rw}, br)
 		if err != nil {
 			// EOF while the host side is disconnected: poll again.
 			sleep(ctx, 20*time.Millisecond)
@@ -65,6 +67,8 @@ func (l *Listener) run(ctx context.Context, open func() (io.ReadWriteCloser, err
 			}
 			select {
 			case l.streams <- st:
+			case <-s.Done(): // a new session took over: drop the old one's
+				_ = st.Close()
 			case <-ctx.Done():
 				_ = st.Close()
 			}

@@ -87,30 +87,47 @@ func Client(conn io.ReadWriteCloser, timeout time.Duration) (*Session, error) {
 	if _, err := conn.Write(Magic); err != nil {
 		return nil, fmt.Errorf("vmux: handshake: %w", err)
 	}
-	got := make([]byte, len(Magic))
-	if _, err := io.ReadFull(conn, got); err != nil {
+	// Skip whatever precedes the answer: frames the guest's previous
+	// session sent after this connection replaced the old one. Byte by
+	// byte, so nothing after the magic is consumed here.
+	if err := skipToMagic(conn); err != nil {
 		return nil, fmt.Errorf("vmux: handshake: %w", err)
 	}
-	if !bytes.Equal(got, Magic) {
-		return nil, fmt.Errorf("vmux: handshake: bad magic %q", got)
-	}
 	return newSession(conn, true, nil), nil
+}
+
+func skipToMagic(r io.Reader) error {
+	var window []byte
+	b := make([]byte, 1)
+	for skipped := 0; !bytes.Equal(window, Magic); skipped++ {
+		if skipped > 16<<20 {
+			return errors.New("no magic in 16 MiB")
+		}
+		if _, err := io.ReadFull(r, b); err != nil {
+			return err
+		}
+		window = append(window, b[0])
+		if len(window) > len(Magic) {
+			window = window[1:]
+		}
+	}
+	return nil
 }
 
 // Server waits for the client's Magic on conn (discarding anything before
 // it), answers, and starts a session.
 func Server(conn io.ReadWriteCloser) (*Session, error) {
-	br := bufio.NewReaderSize(conn, 64<<10)
-	var window []byte
-	for !bytes.Equal(window, Magic) {
-		b, err := br.ReadByte()
-		if err != nil {
-			return nil, fmt.Errorf("vmux: waiting for handshake: %w", err)
-		}
-		window = append(window, b)
-		if len(window) > len(Magic) {
-			window = window[1:]
-		}
+	return serverOn(conn, bufio.NewReaderSize(conn, 64<<10))
+}
+
+// errResync ends a server session whose peer started a new one.
+var errResync = errors.New("vmux: the client started a new session")
+
+// serverOn runs the server handshake reading through br, which may hold
+// bytes of an earlier session's stream.
+func serverOn(conn io.ReadWriteCloser, br *bufio.Reader) (*Session, error) {
+	if err := skipToMagic(br); err != nil {
+		return nil, fmt.Errorf("vmux: waiting for handshake: %w", err)
 	}
 	if _, err := conn.Write(Magic); err != nil {
 		return nil, fmt.Errorf("vmux: handshake: %w", err)
@@ -236,6 +253,16 @@ func (s *Session) writeHeader(typ byte, id, n uint32, p []byte) error {
 func (s *Session) readLoop(br *bufio.Reader) {
 	var h [headerLen]byte
 	for {
+		// A new client that took over the port (QEMU lets one client in at
+		// a time and may switch before this side saw the old one leave)
+		// starts with Magic, which no frame does: leave it in br for the
+		// next session's handshake.
+		if !s.client {
+			if p, err := br.Peek(len(Magic)); err == nil && bytes.Equal(p, Magic) {
+				s.fail(errResync)
+				return
+			}
+		}
 		if _, err := io.ReadFull(br, h[:]); err != nil {
 			s.fail(fmt.Errorf("vmux: read: %w", err))
 			return
