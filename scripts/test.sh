@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/e2b-deps.sh
+# QEMU, a Debian kernel and mkfs.ext4 for the qemu driver's test (one TCG boot).
+bash scripts/vm-deps.sh
 # gVisor's runsc, pinned and built from the Go module proxy into a cache (a
 # few minutes the first time); the gvisor driver's tests use it.
 export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}

@@ -3,11 +3,12 @@
 # firecracker) need: qemu-system-x86 (microvm machine, TCG or KVM), a Debian
 # kernel (linux-image-amd64: vmlinuz plus the virtio modules the initramfs
 # carries), e2fsprogs (mkfs.ext4 -d builds template disks) and busybox-static
-# (the guest init's shell). Idempotent: installed packages are not fetched
+# (the guest init's shell) and xz-utils (the kernel's payload is XZ).
+# Idempotent: installed packages are not fetched
 # again, so a second run costs a few dpkg-query calls.
 # linux-image-amd64 pulls in a ~100 MB kernel package; expect ~3 min once.
 set -euo pipefail
-pkgs=(qemu-system-x86 linux-image-amd64 e2fsprogs busybox-static cpio zstd)
+pkgs=(qemu-system-x86 linux-image-amd64 e2fsprogs busybox-static xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

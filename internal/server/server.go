@@ -199,7 +199,8 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 }
 
 // newQEMU makes the qemu microVM driver (KVM or TCG), its state below
-// DataDir/qemu and its sockets below RunDir/qemu. VMs have no network
+// DataDir/qemu and its sockets (<id>.agent, <id>.qmp) in RunDir beside
+// the other drivers' (one driver runs per server). VMs have no network
 // device yet, so it refuses egress networks.
 func newQEMU(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
 	if network != nil {
@@ -207,7 +208,7 @@ func newQEMU(cfg Config, logf func(string, ...any), network *egress.Network) (dr
 	}
 	return qemu.New(qemu.Options{
 		StateDir:  filepath.Join(cfg.DataDir, "qemu"),
-		RunDir:    filepath.Join(cfg.RunDir, "qemu"),
+		RunDir:    cfg.RunDir,
 		AgentPath: cfg.AgentPath,
 		Accel:     cfg.QEMUAccel,
 		Logf:      logf,

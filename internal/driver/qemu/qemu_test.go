@@ -125,7 +125,9 @@ func leftovers(d *Driver, id string) []string {
 			left = append(left, p)
 		}
 	}
-	out, _ := exec.Command("pgrep", "-f", "-x", ".*-name space-"+id+" .*").Output()
+	// By the agent socket path, which is unique to this driver's RunDir
+	// (tests in other packages or processes may run VMs with the same id).
+	out, _ := exec.Command("pgrep", "-f", "--", "path="+d.agentSock(id)+",").Output()
 	if s := strings.TrimSpace(string(out)); s != "" {
 		left = append(left, "qemu process "+s)
 	}
@@ -194,6 +196,11 @@ func TestCreateExecDestroy(t *testing.T) {
 		t.Fatalf("resume: %v", err)
 	}
 	drivertest.MustSh(t, inst, "sleep 1000 >/dev/null 2>&1 &")
+	// The leftover check must see a running VM, or its silence below
+	// means nothing.
+	if left := strings.Join(leftovers(d, "vm-a"), " "); !strings.Contains(left, "qemu process") {
+		t.Errorf("leftover check misses the running VM: %q", left)
+	}
 	t2 := time.Now()
 	if err := inst.Destroy(ctx); err != nil {
 		t.Fatalf("destroy: %v", err)
