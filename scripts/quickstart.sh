@@ -9,8 +9,8 @@ bash scripts/deps.sh
 export PATH=$PATH:/usr/local/go/bin
 DATA=${SPACE_DATA_DIR:-/var/lib/space}
 mkdir -p bin "$DATA"
-echo "== building bin/space"
-CGO_ENABLED=0 go build -o bin/space ./cmd/space
+echo "== building bin/space and bin/space-agent"
+CGO_ENABLED=0 go build -o bin/ ./cmd/space ./cmd/space-agent
 if ! curl -fsS http://127.0.0.1:7070/healthz >/dev/null 2>&1; then
   echo "== starting space server (log: $DATA/server.log)"
   nohup bin/space server --data-dir "$DATA" >>"$DATA/server.log" 2>&1 &

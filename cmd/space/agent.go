@@ -1,56 +1,7 @@
 package main
 
-import (
-	"context"
-	"flag"
-	"fmt"
-	"net"
-	"os"
+import "github.com/space-sandbox/space/internal/agentcmd"
 
-	"github.com/space-sandbox/space/internal/agent"
-	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
-	"github.com/space-sandbox/space/internal/sandboxinit"
-)
-
-// runAgent runs the in-sandbox daemon. With --init it is a sandbox's PID 1,
-// started by the namespace driver with the listener on a fixed descriptor;
-// with --listen it serves on a unix socket (for development and tests).
-func runAgent(args []string) error {
-	if len(args) > 0 && args[0] == "--init" {
-		cfg, err := sandboxinit.ParseArgs(args[1:])
-		if err != nil {
-			return err
-		}
-		ctx := context.Background()
-		srv := agent.NewServer(agent.Options{Version: version})
-		logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "agent: "+format+"\n", a...) }
-		return sandboxinit.Run(ctx, cfg, sandboxinit.Hooks{
-			Harden: agent.HardenSelf,
-			Serve: func(ctx context.Context, l net.Listener) error {
-				agent.StartReaper(ctx)
-				return srv.Serve(ctx, l)
-			},
-			Logf: logf,
-		})
-	}
-	if len(args) > 0 && args[0] == "--vm" {
-		return runAgentVM(args[1:])
-	}
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	sock := fs.String("listen", "", "unix socket path to serve on")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *sock == "" {
-		return fmt.Errorf("usage: space agent --listen PATH (the node starts it with --init)")
-	}
-	// A listener the agent can release and reopen, so a gVisor sandbox
-	// (which cannot save a listening host socket) can be checkpointed.
-	l, err := agentlisten.Listen(*sock)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	agent.StartReaper(ctx)
-	return agent.NewServer(agent.Options{Version: version, Wrap: l.Handler}).Serve(ctx, l)
-}
+// runAgent is `space agent`; the node prefers the slim space-agent binary
+// (cmd/space-agent) inside sandboxes and falls back to this one.
+func runAgent(args []string) error { return agentcmd.Run(args, version) }

@@ -52,7 +52,7 @@ func HardenSelf() error {
 }
 
 // reservedThreads is how many OS threads the agent creates up front.
-const reservedThreads = 12
+const reservedThreads = 4
 
 // reserveThreads makes the Go runtime create n OS threads now and keep them
 // idle. The agent shares the sandbox's pids limit with its commands: under a

@@ -74,6 +74,11 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 		if o.AgentPath, err = os.Executable(); err != nil {
 			return nil, fmt.Errorf("bench: find own binary: %w", err)
 		}
+		// Measure what a server runs: the slim space-agent when it sits
+		// next to this binary (see server.installAgent).
+		if slim := filepath.Join(filepath.Dir(o.AgentPath), "space-agent"); fileExecutable(slim) {
+			o.AgentPath = slim
+		}
 	}
 	if o.TemplateDir == "" {
 		o.TemplateDir = DefaultTemplateDir
@@ -374,4 +379,9 @@ func procCPU(pid int) (self, children float64) {
 		return v / 100 // USER_HZ
 	}
 	return tick(f[11]) + tick(f[12]), tick(f[13]) + tick(f[14])
+}
+
+func fileExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }

@@ -66,7 +66,9 @@ func New(prefix string) (*Server, error) {
 	if s.RunDir, err = os.MkdirTemp("/tmp", "spr"); err != nil {
 		return nil, err
 	}
-	build := exec.Command("go", "build", "-o", s.Bin, "./cmd/space")
+	// Both binaries, side by side: the server installs space-agent as the
+	// sandboxes' PID 1 when it finds it next to itself.
+	build := exec.Command("go", "build", "-o", work+"/", "./cmd/space", "./cmd/space-agent")
 	build.Dir = RepoRoot()
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

@@ -1,4 +1,4 @@
-package main
+package agentcmd
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // exec'd by the guest image's /init once the sandbox's root is mounted.
 // It serves on a virtio-serial port (qemu; streams multiplexed with vmux)
 // or on a vsock port (firecracker).
-func runAgentVM(args []string) error {
+func runVM(args []string, version string) error {
 	fs := flag.NewFlagSet("agent --vm", flag.ContinueOnError)
 	root := fs.String("root", "", "directory to chroot into before serving")
 	port := fs.String("serial", "", "name of the virtio-serial port to serve on")

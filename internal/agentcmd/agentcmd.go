@@ -1,0 +1,61 @@
+// Package agentcmd is `space agent`: the in-sandbox daemon's command line,
+// shared by the `space` binary and the slim `space-agent` binary that the
+// node runs inside sandboxes (it links only what the agent needs, so it
+// starts faster and uses less memory than the whole server).
+package agentcmd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
+	"github.com/space-sandbox/space/internal/sandboxinit"
+)
+
+// runAgent runs the in-sandbox daemon. With --init it is a sandbox's PID 1,
+// started by the namespace driver with the listener on a fixed descriptor;
+// with --listen it serves on a unix socket (for development and tests).
+// Run runs `space agent ARGS`; version is reported by the agent.
+func Run(args []string, version string) error {
+	if len(args) > 0 && args[0] == "--init" {
+		cfg, err := sandboxinit.ParseArgs(args[1:])
+		if err != nil {
+			return err
+		}
+		ctx := context.Background()
+		srv := agent.NewServer(agent.Options{Version: version})
+		logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "agent: "+format+"\n", a...) }
+		return sandboxinit.Run(ctx, cfg, sandboxinit.Hooks{
+			Harden: agent.HardenSelf,
+			Serve: func(ctx context.Context, l net.Listener) error {
+				agent.StartReaper(ctx)
+				return srv.Serve(ctx, l)
+			},
+			Logf: logf,
+		})
+	}
+	if len(args) > 0 && args[0] == "--vm" {
+		return runVM(args[1:], version)
+	}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	sock := fs.String("listen", "", "unix socket path to serve on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *sock == "" {
+		return fmt.Errorf("usage: space agent --listen PATH (the node starts it with --init)")
+	}
+	// A listener the agent can release and reopen, so a gVisor sandbox
+	// (which cannot save a listening host socket) can be checkpointed.
+	l, err := agentlisten.Listen(*sock)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	agent.StartReaper(ctx)
+	return agent.NewServer(agent.Options{Version: version, Wrap: l.Handler}).Serve(ctx, l)
+}
