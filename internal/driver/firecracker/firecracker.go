@@ -15,8 +15,6 @@ package firecracker
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -93,7 +91,7 @@ type Driver struct {
 	opts  Options
 	imgMu sync.Mutex
 	boot  *bootFiles
-	roots map[string]*sync.Mutex
+	disks *vmimage.RootDisks // per template, shared by its VMs
 }
 
 type bootFiles struct{ vmlinux, initramfs, agentDisk string }
@@ -157,7 +155,9 @@ func New(opts Options) (*Driver, error) {
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "_images"), 0o700); err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
-	return &Driver{opts: opts, roots: map[string]*sync.Mutex{}}, nil
+	d := &Driver{opts: opts}
+	d.disks = &vmimage.RootDisks{Dir: d.imageDir()}
+	return d, nil
 }
 
 // Name implements driver.Driver.
@@ -168,17 +168,7 @@ func (d *Driver) apiSock(id string) string    { return filepath.Join(d.sandboxDi
 func (d *Driver) vsockPath(id string) string  { return filepath.Join(d.sandboxDir(id), "vsock.sock") }
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
-func cacheKey(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		if fi, err := os.Stat(p); err == nil {
-			fmt.Fprintf(h, "%s|%d|%d\n", p, fi.Size(), fi.ModTime().UnixNano())
-		} else {
-			fmt.Fprintf(h, "%s\n", p)
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
+func cacheKey(parts ...string) string { return vmimage.CacheKey(parts...) }
 
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	d.imgMu.Lock()
@@ -213,21 +203,8 @@ func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 }
 
 func (d *Driver) rootDisk(ctx context.Context, rootfs string) (string, error) {
-	key := cacheKey(rootfs)
-	d.imgMu.Lock()
-	mu := d.roots[key]
-	if mu == nil {
-		mu = &sync.Mutex{}
-		d.roots[key] = mu
-	}
-	d.imgMu.Unlock()
-	mu.Lock()
-	defer mu.Unlock()
-	p := filepath.Join(d.imageDir(), "root-"+key+".ext4")
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if err := vmimage.RootDisk(ctx, rootfs, p); err != nil {
+	p, err := d.disks.Get(ctx, rootfs)
+	if err != nil {
 		return "", fmt.Errorf("firecracker: %w", err)
 	}
 	return p, nil

@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -277,7 +276,7 @@ func TestRequestSequence(t *testing.T) {
 	}
 
 	// Re-adopted by a new driver value, as after a node restart.
-	d2 := &Driver{opts: d.opts, roots: map[string]*sync.Mutex{}}
+	d2 := &Driver{opts: d.opts, disks: d.disks}
 	re, err := d2.Attach(ctx, "fc-a")
 	if err != nil {
 		t.Fatalf("attach: %v", err)

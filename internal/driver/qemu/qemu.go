@@ -21,8 +21,6 @@ package qemu
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -105,9 +103,9 @@ type Driver struct {
 	opts Options
 
 	imgMu   sync.Mutex
-	boot    *bootFiles             // vmlinux + initramfs, built once
-	rootMu  map[string]*sync.Mutex // per template disk
-	running sync.Map               // id -> *exec.Cmd of VMs this process started
+	boot    *bootFiles         // vmlinux + initramfs, built once
+	disks   *vmimage.RootDisks // per template, shared by its VMs
+	running sync.Map           // id -> *exec.Cmd of VMs this process started
 }
 
 type bootFiles struct{ vmlinux, initramfs, agentDisk string }
@@ -184,7 +182,9 @@ func New(opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("qemu: %w", err)
 		}
 	}
-	return &Driver{opts: opts, rootMu: map[string]*sync.Mutex{}}, nil
+	d := &Driver{opts: opts}
+	d.disks = &vmimage.RootDisks{Dir: d.imageDir()}
+	return d, nil
 }
 
 // Name implements driver.Driver.
@@ -199,17 +199,7 @@ func (d *Driver) qmpSock(id string) string    { return filepath.Join(d.opts.RunD
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
 // cacheKey names a cached image after what it was built from.
-func cacheKey(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		if fi, err := os.Stat(p); err == nil {
-			fmt.Fprintf(h, "%s|%d|%d\n", p, fi.Size(), fi.ModTime().UnixNano())
-		} else {
-			fmt.Fprintf(h, "%s\n", p)
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
-}
+func cacheKey(parts ...string) string { return vmimage.CacheKey(parts...) }
 
 // bootFiles builds (once, cached on disk) the vmlinux and the initramfs.
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
@@ -246,21 +236,8 @@ func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 
 // rootDisk returns the template's read-only ext4 image, building it once.
 func (d *Driver) rootDisk(ctx context.Context, rootfs string) (string, error) {
-	key := cacheKey(rootfs)
-	d.imgMu.Lock()
-	mu := d.rootMu[key]
-	if mu == nil {
-		mu = &sync.Mutex{}
-		d.rootMu[key] = mu
-	}
-	d.imgMu.Unlock()
-	mu.Lock()
-	defer mu.Unlock()
-	p := filepath.Join(d.imageDir(), "root-"+key+".ext4")
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if err := vmimage.RootDisk(ctx, rootfs, p); err != nil {
+	p, err := d.disks.Get(ctx, rootfs)
+	if err != nil {
 		return "", fmt.Errorf("qemu: %w", err)
 	}
 	return p, nil
