@@ -114,10 +114,26 @@ if ! pgctl status >/dev/null 2>&1; then
 fi
 
 psql=("$bin/psql" -X -q -h "$dir" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1)
-for i in $(seq 1 50); do
-	if as "${psql[@]}" -tAc 'SELECT 1' >/dev/null 2>&1; then break; fi
-	sleep 0.1
-done
+ready() {
+	local i
+	for i in $(seq 1 50); do
+		if as "${psql[@]}" -tAc 'SELECT 1' >/dev/null 2>&1; then return 0; fi
+		sleep 0.1
+	done
+	return 1
+}
+if ! ready; then
+	# A postmaster that was killed (or was still dying when we looked) leaves
+	# a stale pid file; start once more, then give up loudly.
+	log "not answering; starting again"
+	pgctl start -w -t 60 -l "$dir/server.log" \
+		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" 9>&- >&2 || true
+	if ! ready; then
+		tail -n 30 "$dir/server.log" >&2
+		log "PostgreSQL does not answer on $dir/.s.PGSQL.$port"
+		exit 1
+	fi
+fi
 if [ "$(as "${psql[@]}" -tAc "SELECT 1 FROM pg_database WHERE datname='$db'")" != 1 ]; then
 	as "${psql[@]}" -c "CREATE DATABASE \"$db\"" >&2 || true # a concurrent run may have made it
 fi
