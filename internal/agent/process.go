@@ -194,9 +194,12 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	}
 	started = true
 	p.pid = pid
-	// The host makes the agent unkillable by the OOM killer; its commands
-	// must not inherit that. Fails harmlessly where not permitted.
-	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)
+	// The host makes the agent unkillable by the OOM killer where it can;
+	// its commands must not inherit that. Where it cannot (no
+	// CAP_SYS_RESOURCE on the host), commands get a higher score than the
+	// agent, which needs no privilege, so a memory hog is killed before the
+	// agent that runs the sandbox. Fails harmlessly where not permitted.
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(childOOMScore()), 0)
 
 	outputsDone := make(chan struct{})
 	s.mu.Lock()
@@ -821,4 +824,18 @@ func (s *Server) handleResize(w http.ResponseWriter, r *http.Request, p *process
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// childOOMScore is the oom_score_adj for commands: 0 when the agent itself
+// is protected (the host set it to -1000), else well above the agent's.
+func childOOMScore() string {
+	raw, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return "0"
+	}
+	own, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || own <= -500 {
+		return "0"
+	}
+	return strconv.Itoa(min(own+500, 1000))
 }

@@ -84,6 +84,7 @@ var routes = []route{
 	{"PUT", "/v1/sandboxes/{id}/network", false, (*Server).setNetwork},
 	{"GET", "/v1/sandboxes/{id}/network/log", false, (*Server).networkLog},
 	{"POST", "/v1/sandboxes/{id}/pause", false, (*Server).pauseSandbox},
+	{"POST", "/v1/sandboxes/{id}/hibernate", false, (*Server).hibernateSandbox},
 	{"POST", "/v1/sandboxes/{id}/resume", false, (*Server).resumeSandbox},
 	{"POST", "/v1/sandboxes/{id}/snapshots", false, (*Server).createSnapshot},
 	{"GET", "/v1/snapshots", false, (*Server).listSnapshots},
@@ -216,7 +217,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Pr
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			switch v := core.SandboxState(one); v {
-			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost, core.SandboxPaused:
+			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost, core.SandboxPaused, core.SandboxHibernated:
 				f.States = append(f.States, v)
 			default:
 				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown state %.32q", one)

@@ -24,6 +24,15 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p auth.Pri
 	return nil
 }
 
+func (s *Server) hibernateSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	op, err := s.o.Service.Hibernate(r.Context(), p.ProjectID, r.PathValue("id"), r.Header.Get("Idempotency-Key"))
+	if err != nil {
+		return err
+	}
+	accepted(w, op, map[string]any{})
+	return nil
+}
+
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	op, err := s.o.Service.Resume(r.Context(), p.ProjectID, r.PathValue("id"), r.Header.Get("Idempotency-Key"))
 	if err != nil {

@@ -46,6 +46,9 @@ type CreateRequest struct {
 	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty"`
 	// Network is the egress policy; nil = blocked.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// AutoPauseSeconds: pause (not delete) the sandbox after this long
+	// without data-plane activity; nil or 0 = never.
+	AutoPauseSeconds *int64 `json:"auto_pause_seconds,omitempty"`
 }
 
 // NetworkRuntime is implemented by runtimes with an egress gateway.
@@ -174,6 +177,9 @@ func (s *Service) validate(req *CreateRequest) error {
 	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
 		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
 	}
+	if req.AutoPauseSeconds != nil && (*req.AutoPauseSeconds < 0 || *req.AutoPauseSeconds > MaxTimeoutSecond) {
+		return invalid("auto_pause_seconds must be between 0 and %d", MaxTimeoutSecond)
+	}
 	if req.Network != nil {
 		p, err := s.validateNetwork(*req.Network)
 		if err != nil {
@@ -187,7 +193,15 @@ func (s *Service) validate(req *CreateRequest) error {
 // validateNetwork parses a policy with the gateway's own parser and
 // returns it in canonical form.
 func (s *Service) validateNetwork(p NetworkPolicy) (NetworkPolicy, error) {
-	parsed, err := policy.Parse(p.Mode, p.Allow)
+	allow := p.Allow
+	if len(p.Presets) > 0 {
+		pre, err := policy.ExpandPresets(p.Presets)
+		if err != nil {
+			return NetworkPolicy{}, fmt.Errorf("network: %w", invalid("%v", err))
+		}
+		allow = append(pre, p.Allow...)
+	}
+	parsed, err := policy.Parse(p.Mode, allow)
 	if err != nil {
 		return NetworkPolicy{}, fmt.Errorf("network: %w", invalid("%v", err))
 	}
@@ -249,6 +263,9 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	if timeout > 0 {
 		exp := now.Add(timeout)
 		sb.ExpiresAt = &exp
+	}
+	if req.AutoPauseSeconds != nil {
+		sb.AutoPauseSeconds = *req.AutoPauseSeconds
 	}
 	kind := "sandbox.create"
 	if from != "" {
@@ -379,7 +396,7 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 		if cur.State == SandboxDeleted {
 			return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 		}
-		if cur.State == SandboxCreating || cur.State == SandboxRunning || cur.State == SandboxPaused {
+		if cur.State == SandboxCreating || cur.State == SandboxRunning || cur.State == SandboxPaused || cur.State == SandboxHibernated {
 			cur.State = SandboxDeleting
 		}
 		cur.StateReason, cur.UpdatedAt = reason, s.opts.Now().UTC()
@@ -419,7 +436,7 @@ func (s *Service) SetTimeout(ctx context.Context, projectID, id string, seconds 
 		if cur.State.Terminal() || cur.State == SandboxDeleting {
 			return fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
 		}
-		if cur.State == SandboxPaused {
+		if cur.State == SandboxPaused || cur.State == SandboxHibernated {
 			// The clock is stopped: set what will be left at resume.
 			cur.PausedRemainingMS = nil
 			if seconds > 0 {
@@ -505,6 +522,7 @@ func (s *Service) RunReaper(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			s.ReapExpired(ctx)
+			s.AutoPauseIdle(ctx)
 		}
 	}
 }

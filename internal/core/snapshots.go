@@ -205,6 +205,9 @@ func (s *Service) Resume(ctx context.Context, projectID, id, idemKey string) (Op
 	if err != nil {
 		return Operation{}, err
 	}
+	if sb.State == SandboxHibernated {
+		return s.wake(ctx, projectID, id, idemKey)
+	}
 	if sb.State != SandboxRunning && sb.State != SandboxPaused {
 		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
@@ -406,6 +409,9 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsh
 // starts the operation that reclaims its data.
 func (s *Service) DeleteSnapshot(ctx context.Context, projectID, id string) (Operation, error) {
 	if _, err := s.GetSnapshot(ctx, projectID, id); err != nil {
+		return Operation{}, err
+	}
+	if err := s.snapshotHibernates(ctx, projectID, id); err != nil {
 		return Operation{}, err
 	}
 	if err := s.store.DeleteSnapshot(ctx, projectID, id); err != nil {

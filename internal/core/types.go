@@ -73,6 +73,11 @@ type Sandbox struct {
 	PausedRemainingMS *int64 `json:"paused_remaining_ms,omitempty"`
 	// Snapshot is the snapshot this sandbox was restored or forked from.
 	Snapshot string `json:"snapshot,omitempty"`
+	// HibernatedSnapshot is, while hibernated, the snapshot resume restores.
+	HibernatedSnapshot string `json:"hibernated_snapshot,omitempty"`
+	// AutoPauseSeconds: the server pauses the running sandbox after this
+	// long without data-plane activity (0 = never).
+	AutoPauseSeconds int64 `json:"auto_pause_seconds,omitempty"`
 }
 
 // NetworkPolicy is a sandbox's egress policy: mode "blocked" (the default:
@@ -82,6 +87,10 @@ type Sandbox struct {
 type NetworkPolicy struct {
 	Mode  string   `json:"mode"`
 	Allow []string `json:"allow,omitempty"`
+	// Presets name registry presets ("debian", "pypi", "npm", "goproxy");
+	// validation expands them into read-only Allow rules and clears this
+	// field, so a stored policy always shows its rules.
+	Presets []string `json:"presets,omitempty"`
 	// Passthrough lists allowlisted names (rule syntax) whose TLS is
 	// relayed as is; all other allowlisted TLS is terminated by the
 	// gateway with the sandbox's own CA.

@@ -374,6 +374,19 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 			writeStatus(c, http.StatusMisdirectedRequest)
 			return
 		}
+		// Method/path rules: every request is decided on its own, against
+		// the policy in force now.
+		if _, ok := s.policy.Load().AllowRequest(name, port, req.Method, requestPath(req)); !ok {
+			d := Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "request_not_allowed",
+				// No rule allowed it: say which request was refused.
+				Rule: "request " + truncate(req.Method, 16) + " " + truncate(req.URL.EscapedPath(), 256)}
+			if term != nil {
+				d.TLS = "terminated"
+			}
+			s.record(d)
+			writeStatus(c, http.StatusForbidden)
+			return
+		}
 		for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-For", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
 			req.Header.Del(k)
 		}
@@ -431,6 +444,28 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 		}
 		req = next
 	}
+}
+
+// requestPath returns the request's decoded path when it is normalised
+// and carries no encoded slash, backslash or dot (what is matched is what
+// the upstream sees), else "".
+func requestPath(r *http.Request) string {
+	raw := r.URL.EscapedPath()
+	low := strings.ToLower(raw)
+	if strings.Contains(low, "%2f") || strings.Contains(low, "%5c") || strings.Contains(low, "%2e") || strings.Contains(raw, "\\") {
+		return ""
+	}
+	if !policy.NormalPath(r.URL.Path) {
+		return ""
+	}
+	return r.URL.Path
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 func writeStatus(c net.Conn, code int) {

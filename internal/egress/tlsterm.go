@@ -27,7 +27,9 @@ func (s *sandbox) terminate(pol *policy.Policy, name string, port uint16) bool {
 	if s.creds.Load().bound(name, port) {
 		return true
 	}
-	return pol.Mode == policy.Allowlist && !pol.IsPassthrough(name, port)
+	// A rule limiting methods or paths is checked per request, so it needs
+	// the plaintext: pass-through does not apply to it.
+	return pol.Mode == policy.Allowlist && (!pol.IsPassthrough(name, port) || pol.Inspect(name, port))
 }
 
 // upstreamTLS runs the gateway's own handshake with the upstream, with

@@ -454,6 +454,7 @@ func (n *Node) Sandbox(id string) (*Sandbox, error) {
 	if h.paused.Load() {
 		return nil, fmt.Errorf("sandbox %s is paused; resume it first: %w", id, core.ErrConflict)
 	}
+	h.lastActive.Store(time.Now().UnixNano())
 	return h, nil
 }
 
@@ -493,11 +494,16 @@ type Sandbox struct {
 	wg   sync.WaitGroup
 
 	paused atomic.Bool // frozen: the data plane is refused
+	// lastActive is when the data plane last used the sandbox or a
+	// command of it ended (unix ns), for auto-pause.
+	lastActive atomic.Int64
 }
 
 func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbox {
-	return &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{},
+	s := &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{},
 		Agent: client.New(inst.Dial)}
+	s.lastActive.Store(time.Now().UnixNano())
+	return s
 }
 
 // Timing returns how the sandbox's creation time was spent.
@@ -616,6 +622,8 @@ func validCmdID(id string) bool {
 // one reader the agent always has for a command, so its output never stalls
 // and never depends on a client being connected.
 func (s *Sandbox) pump(c *Command, startOOM uint64) {
+	// A command's end is activity for auto-pause.
+	defer func() { s.lastActive.Store(time.Now().UnixNano()) }()
 	ctx := s.node.ctx
 	var after uint64
 	for attempt := 0; attempt < 5; attempt++ {

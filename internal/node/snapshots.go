@@ -139,3 +139,26 @@ func (n *Node) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, ch
 func (n *Node) CollectSnapshots(ctx context.Context, keep []string) (any, error) {
 	return n.snaps.GC(ctx, keep)
 }
+
+// IdleFor implements core.IdleRuntime: the time since the last data-plane
+// call or the end of a command (a running command is activity); false for
+// a sandbox not running here or paused.
+func (n *Node) IdleFor(id string) (time.Duration, bool) {
+	h, err := n.sandbox(id)
+	if err != nil || h.paused.Load() {
+		return 0, false
+	}
+	h.mu.Lock()
+	cmds := make([]*Command, 0, len(h.cmds))
+	for _, c := range h.cmds {
+		cmds = append(cmds, c)
+	}
+	h.mu.Unlock()
+	for _, c := range cmds {
+		if c.Exit() == nil {
+			h.lastActive.Store(time.Now().UnixNano())
+			return 0, true
+		}
+	}
+	return time.Since(time.Unix(0, h.lastActive.Load())), true
+}

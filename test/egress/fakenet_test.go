@@ -454,7 +454,9 @@ func (w *wan) serveAttacker() error {
 	})}
 	w.closers = append(w.closers, srv)
 	go srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{forged}}))
-	for _, port := range []string{"80", "4444", "8080"} {
+	// 53 and 853: DNS over TCP and DNS over TLS to the attacker's own
+	// resolver (RT-11).
+	for _, port := range []string{"53", "80", "853", "4444", "8080"} {
 		ln, err := net.Listen("tcp4", attackerIP+":"+port)
 		if err != nil {
 			return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,7 +41,16 @@ type Rule struct {
 	Name     string   // canonical, without "*."
 	Wildcard bool     // "*.name": proper subdomains only, on a label boundary
 	Ports    []uint16 // sorted, never empty
+	// Methods, when set, are the only request methods allowed (upper
+	// case); Paths, when set, the only request paths ("/exact" or
+	// "/prefix/*"). A rule with either is enforced per HTTP request, so
+	// its TLS is always terminated.
+	Methods []string
+	Paths   []string
 }
+
+// Restricted reports whether the rule limits methods or paths.
+func (r Rule) Restricted() bool { return len(r.Methods) > 0 || len(r.Paths) > 0 }
 
 // String renders the rule in the form it is written in.
 func (r Rule) String() string {
@@ -52,7 +62,14 @@ func (r Rule) String() string {
 	if r.Wildcard {
 		n = "*." + n
 	}
-	return n + ":" + strings.Join(ps, ",")
+	n += ":" + strings.Join(ps, ",")
+	if len(r.Methods) > 0 {
+		n += " " + strings.Join(r.Methods, ",")
+	}
+	if len(r.Paths) > 0 {
+		n += " " + strings.Join(r.Paths, ",")
+	}
+	return n
 }
 
 // Policy is a parsed, immutable policy. Swap whole values to change one.
@@ -86,18 +103,135 @@ func Parse(mode string, allow []string) (*Policy, error) {
 		return nil, fmt.Errorf("%w: at most %d rules", ErrInvalid, MaxRules)
 	}
 	for _, a := range allow {
+		if name, ok := strings.CutPrefix(a, PresetPrefix); ok {
+			rs, err := PresetRules(name)
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range rs {
+				if !slicesContainsRule(p.Rules, r) {
+					p.Rules = append(p.Rules, r)
+				}
+			}
+			continue
+		}
 		r, err := ParseRule(a)
 		if err != nil {
 			return nil, err
 		}
 		p.Rules = append(p.Rules, r)
 	}
+	if len(p.Rules) > MaxRules {
+		return nil, fmt.Errorf("%w: at most %d rules after preset expansion", ErrInvalid, MaxRules)
+	}
 	return p, nil
 }
 
-// ParseRule parses one allow rule.
+func slicesContainsRule(rs []Rule, r Rule) bool {
+	for _, x := range rs {
+		if x.String() == r.String() {
+			return true
+		}
+	}
+	return false
+}
+
+// PresetPrefix marks an allow entry naming a registry preset
+// ("preset:pypi"); Parse expands it into its rules.
+const PresetPrefix = "preset:"
+
+// presets are the registry host sets (R20): read-only (GET, HEAD) access
+// to the public package registries.
+var presets = map[string][]string{
+	"debian":  {"deb.debian.org:80,443 GET,HEAD", "security.debian.org:80,443 GET,HEAD"},
+	"pypi":    {"pypi.org:443 GET,HEAD", "files.pythonhosted.org:443 GET,HEAD"},
+	"npm":     {"registry.npmjs.org:443 GET,HEAD"},
+	"goproxy": {"proxy.golang.org:443 GET,HEAD", "sum.golang.org:443 GET,HEAD"},
+}
+
+// PresetNames lists the known registry presets, sorted.
+func PresetNames() []string {
+	out := make([]string, 0, len(presets))
+	for k := range presets {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// PresetRules returns the rules a registry preset expands to.
+func PresetRules(name string) ([]Rule, error) {
+	src, ok := presets[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown preset %.40q (known: %s)", ErrInvalid, name, strings.Join(PresetNames(), ", "))
+	}
+	out := make([]Rule, 0, len(src))
+	for _, s := range src {
+		r, err := ParseRule(s)
+		if err != nil {
+			panic("policy: bad preset rule " + s + ": " + err.Error())
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// ExpandPresets returns the allow entries (rule syntax) that presets
+// expand to, for an API that takes presets as a separate list.
+func ExpandPresets(names []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			return nil, fmt.Errorf("%w: preset %.40q repeated", ErrInvalid, n)
+		}
+		seen[n] = true
+		rs, err := PresetRules(n)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			out = append(out, r.String())
+		}
+	}
+	return out, nil
+}
+
+// Limits on method/path restrictions.
+const (
+	maxMethods = 16
+	maxPaths   = 32
+	maxPathLen = 512
+)
+
+// ParseRule parses one allow rule: "host[:port[,port]]", optionally
+// followed by a space and a comma-separated method list ("GET,HEAD")
+// and/or a space and a comma-separated path list ("/v1/*,/health").
 func ParseRule(s string) (Rule, error) {
 	var r Rule
+	if len(s) > 1<<15 { // the parts have their own, smaller limits
+		return r, fmt.Errorf("%w: rule too long", ErrInvalid)
+	}
+	fields := strings.Split(s, " ")
+	s = fields[0]
+	for _, f := range fields[1:] {
+		var err error
+		switch {
+		case strings.HasPrefix(f, "/"):
+			if r.Paths != nil {
+				return r, fmt.Errorf("%w: rule %.80q: more than one path list", ErrInvalid, s)
+			}
+			r.Paths, err = parsePaths(f)
+		default:
+			if r.Methods != nil {
+				return r, fmt.Errorf("%w: rule %.80q: more than one method list", ErrInvalid, s)
+			}
+			r.Methods, err = parseMethods(f)
+		}
+		if err != nil {
+			return r, fmt.Errorf("%w: rule %.80q: %v", ErrInvalid, s, err)
+		}
+	}
 	if len(s) > maxNameLen+64 {
 		return r, fmt.Errorf("%w: rule too long", ErrInvalid)
 	}
@@ -140,6 +274,87 @@ func ParseRule(s string) (Rule, error) {
 	}
 	sort.Slice(r.Ports, func(i, j int) bool { return r.Ports[i] < r.Ports[j] })
 	return r, nil
+}
+
+func parseMethods(f string) ([]string, error) {
+	ms := strings.Split(f, ",")
+	if len(ms) > maxMethods {
+		return nil, fmt.Errorf("at most %d methods", maxMethods)
+	}
+	var out []string
+	for _, m := range ms {
+		if m == "" || len(m) > 16 {
+			return nil, fmt.Errorf("bad method %.20q", m)
+		}
+		for _, c := range m {
+			if c < 'A' || c > 'Z' {
+				return nil, fmt.Errorf("bad method %.20q (upper-case letters only)", m)
+			}
+		}
+		if m == "CONNECT" || m == "TRACE" {
+			return nil, fmt.Errorf("method %s is never allowed", m)
+		}
+		if !containsString(out, m) {
+			out = append(out, m)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func parsePaths(f string) ([]string, error) {
+	ps := strings.Split(f, ",")
+	if len(ps) > maxPaths {
+		return nil, fmt.Errorf("at most %d paths", maxPaths)
+	}
+	var out []string
+	for _, p := range ps {
+		if len(p) > maxPathLen {
+			return nil, errors.New("path too long")
+		}
+		base := p
+		if strings.HasSuffix(p, "/*") {
+			base = p[:len(p)-1]
+		}
+		if !NormalPath(base) || strings.ContainsAny(base, "%?#\\*") {
+			return nil, fmt.Errorf("bad path %.60q: absolute and normalised, no %%, ?, #, \\; '*' only as a final \"/*\"", p)
+		}
+		if !containsString(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// NormalPath reports whether p is absolute with no empty, "." or ".."
+// segments (a trailing slash is allowed).
+func NormalPath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	if p == "/" {
+		return true
+	}
+	return path.Clean(p) == strings.TrimSuffix(p, "/") && !strings.HasSuffix(p, "//")
+}
+
+// matchPath matches a normalised request path against "/exact" or
+// "/prefix/*" (the prefix itself, with or without its slash, and
+// everything below it).
+func matchPath(pattern, p string) bool {
+	if pre, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(p, pre) || p == strings.TrimSuffix(pre, "/")
+	}
+	return p == pattern
 }
 
 // Canonical returns the one spelling of a host name used everywhere (R8):
@@ -263,6 +478,70 @@ func (p *Policy) Allow(name string, port uint16) (Rule, bool) {
 	return Rule{}, false
 }
 
+// Inspect reports whether some rule for name:port limits methods or
+// paths: such connections must be terminated and checked per request.
+func (p *Policy) Inspect(name string, port uint16) bool {
+	if p == nil || p.Mode != Allowlist {
+		return false
+	}
+	for _, r := range p.Rules {
+		if r.Restricted() && r.matchName(name) && containsPort(r.Ports, port) {
+			return true
+		}
+	}
+	return false
+}
+
+func containsPort(ps []uint16, port uint16) bool {
+	for _, x := range ps {
+		if x == port {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowRequest decides one HTTP request to name:port. reqPath is the
+// request's decoded path, or "" when it is not normalised or carries an
+// encoded slash, backslash or dot (then only rules without paths match).
+// In open mode, and for rules without methods and paths, any request
+// passes.
+func (p *Policy) AllowRequest(name string, port uint16, method, reqPath string) (Rule, bool) {
+	if p == nil {
+		return Rule{}, false
+	}
+	switch p.Mode {
+	case Open:
+		return Rule{Name: "*"}, true
+	case Allowlist:
+		if IsIPLiteral(name) {
+			return Rule{}, false
+		}
+		for _, r := range p.Rules {
+			if !r.matchName(name) || !containsPort(r.Ports, port) {
+				continue
+			}
+			if len(r.Methods) > 0 && !containsString(r.Methods, method) {
+				continue
+			}
+			if len(r.Paths) > 0 {
+				ok := false
+				for _, pat := range r.Paths {
+					if reqPath != "" && matchPath(pat, reqPath) {
+						ok = true
+						break
+					}
+				}
+				if !ok {
+					continue
+				}
+			}
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
 // Strings renders the rules back (for the API).
 func (p *Policy) Strings() []string {
 	out := make([]string, len(p.Rules))
@@ -292,6 +571,9 @@ func (p *Policy) WithPassthrough(rules []string) (*Policy, error) {
 		r, err := ParseRule(s)
 		if err != nil {
 			return nil, err
+		}
+		if r.Restricted() {
+			return nil, fmt.Errorf("%w: passthrough rule %.80q: methods and paths need termination", ErrInvalid, s)
 		}
 		out.Passthrough = append(out.Passthrough, r)
 	}

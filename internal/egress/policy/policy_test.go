@@ -1,6 +1,9 @@
 package policy
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestCanonical(t *testing.T) {
 	good := map[string]string{"Registry.TEST.": "registry.test", "a-b_c.d": "a-b_c.d", "xn--bcher-kva.example": "xn--bcher-kva.example"}
@@ -74,7 +77,7 @@ func TestMatch(t *testing.T) {
 }
 
 func FuzzParseRule(f *testing.F) {
-	for _, s := range []string{"a.test", "*.a.test:443,80", "1.2.3.4", "a..b:1"} {
+	for _, s := range []string{"a.test", "*.a.test:443,80", "1.2.3.4", "a..b:1", "a.test:443 GET,HEAD /v1/*,/x", "a.test /a POST"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -106,5 +109,121 @@ func TestPassthrough(t *testing.T) {
 	}
 	if _, err := p.WithPassthrough([]string{"1.2.3.4"}); err == nil {
 		t.Error("IP-literal passthrough accepted")
+	}
+}
+
+func TestPresets(t *testing.T) {
+	p, err := Parse("allowlist", []string{"preset:debian", "preset:pypi", "preset:npm", "preset:goproxy", "preset:pypi", "api.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"deb.debian.org:80,443 GET,HEAD", "security.debian.org:80,443 GET,HEAD",
+		"pypi.org:443 GET,HEAD", "files.pythonhosted.org:443 GET,HEAD",
+		"registry.npmjs.org:443 GET,HEAD",
+		"proxy.golang.org:443 GET,HEAD", "sum.golang.org:443 GET,HEAD",
+		"api.test:80,443",
+	}
+	got := p.Strings()
+	if len(got) != len(want) {
+		t.Fatalf("rules = %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("rule %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	// The expanded form parses back to itself (what the API stores).
+	p2, err := Parse("allowlist", got)
+	if err != nil || strings.Join(p2.Strings(), "|") != strings.Join(got, "|") {
+		t.Fatalf("round trip: %q, %v", p2.Strings(), err)
+	}
+	if _, ok := p.AllowRequest("files.pythonhosted.org", 443, "GET", "/packages/x.whl"); !ok {
+		t.Error("pypi GET refused")
+	}
+	if _, ok := p.AllowRequest("pypi.org", 443, "POST", "/legacy/"); ok {
+		t.Error("pypi POST (upload) allowed")
+	}
+	if _, ok := p.AllowRequest("registry.npmjs.org", 80, "GET", "/x"); ok {
+		t.Error("npm on port 80 allowed")
+	}
+	if !p.Inspect("deb.debian.org", 80) || p.Inspect("api.test", 443) {
+		t.Error("Inspect")
+	}
+	for _, bad := range [][]string{{"preset:"}, {"preset:Debian"}, {"preset:maven"}, {"preset:pypi "}} {
+		if _, err := Parse("allowlist", bad); err == nil {
+			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+	if _, err := Parse("open", []string{"preset:pypi"}); err == nil {
+		t.Error("preset in open mode accepted")
+	}
+	if _, err := ExpandPresets([]string{"npm", "npm"}); err == nil {
+		t.Error("repeated preset accepted")
+	}
+	if got, err := ExpandPresets([]string{"npm", "goproxy"}); err != nil || len(got) != 3 || got[0] != "registry.npmjs.org:443 GET,HEAD" {
+		t.Errorf("ExpandPresets = %q, %v", got, err)
+	}
+}
+
+func TestMethodPathRules(t *testing.T) {
+	p, err := Parse("allowlist", []string{"api.test:443 GET,HEAD /v1/*,/health", "api.test:443 POST /v1/upload", "free.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		port   uint16
+		method string
+		path   string
+		ok     bool
+	}{
+		{"api.test", 443, "GET", "/v1/items", true},
+		{"api.test", 443, "GET", "/v1/", true},
+		{"api.test", 443, "GET", "/v1", true},
+		{"api.test", 443, "HEAD", "/health", true},
+		{"api.test", 443, "GET", "/health/x", false},
+		{"api.test", 443, "GET", "/v10", false},
+		{"api.test", 443, "GET", "/v2/items", false},
+		{"api.test", 443, "GET", "", false}, // not normalised
+		{"api.test", 443, "DELETE", "/v1/items", false},
+		{"api.test", 443, "get", "/v1/items", false},
+		{"api.test", 443, "POST", "/v1/upload", true},
+		{"api.test", 443, "POST", "/v1/items", false},
+		{"api.test", 80, "GET", "/v1/items", false},
+		{"free.test", 80, "DELETE", "", true},
+		{"other.test", 443, "GET", "/v1/x", false},
+	}
+	for _, c := range cases {
+		if _, ok := p.AllowRequest(c.name, c.port, c.method, c.path); ok != c.ok {
+			t.Errorf("AllowRequest(%s:%d %s %q) = %v, want %v", c.name, c.port, c.method, c.path, ok, c.ok)
+		}
+	}
+	if got := p.Rules[0].String(); got != "api.test:443 GET,HEAD /v1/*,/health" {
+		t.Errorf("String = %q", got)
+	}
+	r, err := ParseRule("api.test /a,/b/* HEAD,GET,GET")
+	if err != nil || r.String() != "api.test:80,443 GET,HEAD /a,/b/*" {
+		t.Errorf("ParseRule = %q, %v", r.String(), err)
+	}
+	for _, bad := range []string{
+		"api.test GET GET", "api.test /a /b", "api.test get", "api.test CONNECT", "api.test TRACE",
+		"api.test /a/../b", "api.test //a", "api.test a/b", "api.test /a*", "api.test /*/b", "api.test /a%2fb",
+		"api.test /a?x", "api.test /a\\b", "api.test ", "api.test  GET", "api.test G-T",
+	} {
+		if r, err := ParseRule(bad); err == nil {
+			t.Errorf("ParseRule(%q) = %q, want an error", bad, r.String())
+		}
+	}
+	if _, err := p.WithPassthrough([]string{"api.test:443 GET"}); err == nil {
+		t.Error("restricted passthrough accepted")
+	}
+	op, _ := Parse("open", nil)
+	if _, ok := op.AllowRequest("x.test", 443, "DELETE", ""); !ok {
+		t.Error("open mode refused a request")
+	}
+	var nilp *Policy
+	if _, ok := nilp.AllowRequest("x.test", 443, "GET", "/"); ok {
+		t.Error("nil policy allowed a request")
 	}
 }

@@ -21,7 +21,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: rtclient dns|http|tls|keepalive|udp|flood ...")
+		fail("usage: rtclient dns|http|tls|https|httpauth|keepalive|raw|rawtls|dnsvia|udp|flood ...")
 	}
 	a := os.Args[2:]
 	switch os.Args[1] {
@@ -73,6 +73,33 @@ func main() {
 			fmt.Printf("RESP%d %d %s\n", i+1, resp.StatusCode, b)
 		}
 		fmt.Println("OK")
+	case "raw": // raw ADDR DATA: DATA (Go escapes such as \r\n interpreted) on one TCP connection, then read
+		data, err := strconv.Unquote(`"` + a[1] + `"`)
+		check(err)
+		c := dial(a[0])
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.WriteString(c, data)
+		check(err)
+		readAll(c)
+	case "rawtls": // rawtls ADDR SNI DATA: as raw, inside TLS (certificate not checked)
+		data, err := strconv.Unquote(`"` + a[2] + `"`)
+		check(err)
+		c := tls.Client(dial(a[0]), &tls.Config{ServerName: a[1], InsecureSkipVerify: true})
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		check(c.Handshake())
+		_, err = io.WriteString(c, data)
+		check(err)
+		readAll(c)
+	case "dnsvia": // dnsvia udp|tcp SERVER NAME: resolve NAME asking SERVER (host:port) directly
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, a[0]+"4", a[1])
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		ips, err := r.LookupIPAddr(ctx, a[2])
+		check(err)
+		fmt.Println("OK", ips)
 	case "udp": // udp ADDR PAYLOAD
 		c, err := net.Dial("udp4", a[0])
 		check(err)

@@ -1,0 +1,272 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// SandboxHibernated is the state of a sandbox whose writable layer was
+// saved as a snapshot and whose instance was destroyed (no processes,
+// cgroups or mounts left on the host). Its timeout clock is stopped, as
+// while paused. Resume starts a new instance with the same id from that
+// snapshot: files come back, processes start afresh.
+const SandboxHibernated SandboxState = "hibernated"
+
+// hibernateProcesses is what a resume from hibernation does with processes.
+const hibernateProcesses = "not captured (filesystem-only hibernation): resume restores the files; processes that ran before start afresh"
+
+// HibernateResult is the result of a hibernate or of a resume from
+// hibernation: the sandbox, and what happened to its processes.
+type HibernateResult struct {
+	Sandbox
+	Processes string `json:"processes"`
+}
+
+// Hibernate starts the operation that snapshots a running or paused
+// sandbox's writable layer (an ordinary snapshot, listed with the others)
+// and then destroys its instance. The snapshot cannot be deleted while the
+// sandbox is hibernated.
+func (s *Service) Hibernate(ctx context.Context, projectID, id, idemKey string) (Operation, error) {
+	sr, err := s.snapshotRuntime()
+	if err != nil {
+		return Operation{}, err
+	}
+	pr, err := s.pauseRuntime()
+	if err != nil {
+		return Operation{}, err
+	}
+	if len(idemKey) > 128 {
+		return Operation{}, invalid("Idempotency-Key longer than 128 bytes")
+	}
+	sb, err := s.getLocal(ctx, projectID, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	if sb.State == SandboxHibernated {
+		return s.engine.Submit(ctx, s.engine.NewOperation(projectID, "sandbox.hibernate", id), idemKey,
+			func(ctx context.Context, _ Progress) (any, error) {
+				return HibernateResult{Sandbox: sb, Processes: hibernateProcesses}, nil
+			})
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	now := s.opts.Now().UTC()
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
+		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: hibernateProcesses,
+		CreatedAt: now, UpdatedAt: now}
+	// The snapshot record and the operation are stored together: a crash
+	// leaves a failed operation and a failed snapshot (reconcile).
+	op := s.engine.NewOperation(projectID, "sandbox.hibernate", id)
+	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
+	if err != nil || !created {
+		return stored, err
+	}
+	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+		out, err := s.runHibernate(ctx, sr, pr, snap, progress)
+		if err != nil {
+			if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), snap.ID, func(cur *Snapshot) error {
+				if cur.State == SnapshotCreating {
+					cur.State, cur.StateReason, cur.UpdatedAt = SnapshotFailed, err.Error(), s.opts.Now().UTC()
+				}
+				return nil
+			}); uerr != nil {
+				s.opts.Logf("snapshot %s: mark failed: %v", snap.ID, uerr)
+			}
+			return nil, err
+		}
+		return out, nil
+	})
+	return stored, nil
+}
+
+func (s *Service) runHibernate(ctx context.Context, sr SnapshotRuntime, pr PauseRuntime, snap Snapshot, progress Progress) (any, error) {
+	s.snapMu.RLock()
+	defer s.snapMu.RUnlock()
+	id := snap.SandboxID
+	defer s.sandboxLock(id)()
+	sb, err := s.store.GetSandbox(ctx, snap.ProjectID, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != SandboxRunning && sb.State != SandboxPaused {
+		return nil, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
+	}
+	// Frozen from the capture to the destroy: nothing written after the
+	// capture can be lost.
+	progress(5, "freezing")
+	if err := pr.PauseSandbox(ctx, id); err != nil {
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if !committed && sb.State == SandboxRunning {
+			if err := pr.ResumeSandbox(context.WithoutCancel(ctx), id); err != nil {
+				s.opts.Logf("sandbox %s: thaw after failed hibernate: %v", id, err)
+			}
+		}
+	}()
+	parent, err := s.snapshotParent(ctx, sb, snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	var chain []string
+	if parent != "" {
+		if chain, err = s.chain(ctx, parent); err != nil {
+			return nil, err
+		}
+	}
+	progress(10, "capturing the writable layer")
+	digest, stats, err := sr.CaptureSnapshot(ctx, id, chain)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.store.UpdateSnapshot(ctx, snap.ID, func(cur *Snapshot) error {
+		if cur.State != SnapshotCreating {
+			return fmt.Errorf("snapshot became %s: %w", cur.State, ErrConflict)
+		}
+		cur.State, cur.Manifest, cur.Stats, cur.UpdatedAt = SnapshotReady, digest, &stats, s.opts.Now().UTC()
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	// The state is committed before the instance is destroyed: a crash in
+	// between leaves a hibernated sandbox, and the start-up sweep removes
+	// the instance (reconcile adopts only running and paused ones).
+	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		if cur.State != SandboxRunning && cur.State != SandboxPaused {
+			return fmt.Errorf("sandbox became %s while hibernating: %w", cur.State, ErrConflict)
+		}
+		now := s.opts.Now().UTC()
+		if cur.State == SandboxRunning {
+			cur.PausedRemainingMS = nil
+			if cur.ExpiresAt != nil {
+				rem := max(cur.ExpiresAt.Sub(now).Milliseconds(), 0)
+				cur.PausedRemainingMS, cur.ExpiresAt = &rem, nil
+			}
+		}
+		cur.State, cur.UpdatedAt, cur.HibernatedSnapshot = SandboxHibernated, now, snap.ID
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	committed = true
+	progress(80, "destroying the instance")
+	if err := s.runtime.StopSandbox(ctx, id); err != nil {
+		s.opts.Logf("sandbox %s: destroy after hibernate (the start-up sweep retries): %v", id, err)
+	}
+	s.publishState(ctx, updated)
+	return HibernateResult{Sandbox: updated, Processes: hibernateProcesses}, nil
+}
+
+// wake is Resume for a hibernated sandbox: a new instance with the same id
+// starts from its hibernation snapshot; its timeout restarts with the time
+// that was left. Sessions stay valid (they are bound to the id).
+func (s *Service) wake(ctx context.Context, projectID, id, idemKey string) (Operation, error) {
+	sr, err := s.snapshotRuntime()
+	if err != nil {
+		return Operation{}, err
+	}
+	op := s.engine.NewOperation(projectID, "sandbox.resume", id)
+	return s.engine.Submit(ctx, op, idemKey, func(ctx context.Context, progress Progress) (any, error) {
+		s.snapMu.RLock()
+		defer s.snapMu.RUnlock()
+		defer s.sandboxLock(id)()
+		cur, err := s.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
+			return nil, err
+		}
+		if cur.State == SandboxRunning {
+			return cur, nil
+		}
+		if cur.State != SandboxHibernated {
+			return nil, fmt.Errorf("sandbox is %s: %w", cur.State, ErrConflict)
+		}
+		chain, err := s.chain(ctx, cur.HibernatedSnapshot)
+		if err != nil {
+			return nil, err
+		}
+		progress(10, "restoring the writable layer")
+		pl, err := sr.StartSandboxFromSnapshot(ctx, cur, chain, progress)
+		if err != nil {
+			return nil, err
+		}
+		updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+			if cur.State != SandboxHibernated {
+				return fmt.Errorf("sandbox became %s while resuming: %w", cur.State, ErrConflict)
+			}
+			now := s.opts.Now().UTC()
+			cur.State, cur.Driver, cur.Instance, cur.UpdatedAt = SandboxRunning, pl.Driver, pl.Instance, now
+			cur.HibernatedSnapshot = ""
+			if cur.PausedRemainingMS != nil {
+				exp := now.Add(time.Duration(*cur.PausedRemainingMS) * time.Millisecond)
+				cur.ExpiresAt, cur.PausedRemainingMS = &exp, nil
+			}
+			return nil
+		})
+		if err != nil {
+			if stopErr := s.runtime.StopSandbox(context.WithoutCancel(ctx), id); stopErr != nil {
+				s.opts.Logf("sandbox %s: stop after failed resume: %v", id, stopErr)
+			}
+			return nil, err
+		}
+		s.publishState(ctx, updated)
+		return HibernateResult{Sandbox: updated, Processes: hibernateProcesses}, nil
+	})
+}
+
+// snapshotHibernates refuses deleting a snapshot a hibernated sandbox
+// needs to resume.
+func (s *Service) snapshotHibernates(ctx context.Context, projectID, snapID string) error {
+	hib, err := s.store.ListSandboxes(ctx, SandboxFilter{ProjectID: projectID, States: []SandboxState{SandboxHibernated}})
+	if err != nil {
+		return err
+	}
+	for _, sb := range hib {
+		if sb.HibernatedSnapshot == snapID {
+			return fmt.Errorf("snapshot %s holds hibernated sandbox %s: %w", snapID, sb.ID, ErrConflict)
+		}
+	}
+	return nil
+}
+
+// IdleRuntime is implemented by runtimes that track data-plane activity.
+type IdleRuntime interface {
+	// IdleFor reports how long sandbox id has had no data-plane call and
+	// no command running; false if the runtime does not know it.
+	IdleFor(id string) (time.Duration, bool)
+}
+
+// AutoPauseIdle pauses running sandboxes of this node that asked for it
+// (AutoPauseSeconds) and have been idle that long. A paused sandbox is
+// resumed by an explicit resume; its timeout clock is stopped meanwhile.
+func (s *Service) AutoPauseIdle(ctx context.Context) {
+	ir, ok := s.runtime.(IdleRuntime)
+	if !ok {
+		return
+	}
+	if _, err := s.pauseRuntime(); err != nil {
+		return
+	}
+	running, err := s.store.ListSandboxes(ctx, SandboxFilter{States: []SandboxState{SandboxRunning}})
+	if err != nil {
+		s.opts.Logf("auto-pause: %v", err)
+		return
+	}
+	for _, sb := range running {
+		if sb.AutoPauseSeconds <= 0 || sb.Node != "" && sb.Node != s.opts.NodeName {
+			continue
+		}
+		idle, ok := ir.IdleFor(sb.ID)
+		if !ok || idle < time.Duration(sb.AutoPauseSeconds)*time.Second {
+			continue
+		}
+		s.opts.Logf("sandbox %s: idle for %v, auto-pausing", sb.ID, idle.Round(time.Second))
+		if _, err := s.Pause(ctx, sb.ProjectID, sb.ID, ""); err != nil && !errors.Is(err, ErrConflict) {
+			s.opts.Logf("auto-pause %s: %v", sb.ID, err)
+		}
+	}
+}
