@@ -58,3 +58,48 @@ func (r *RootDisks) Get(ctx context.Context, rootfs string) (string, error) {
 	}
 	return p, nil
 }
+
+// BootSpec says how to build a VM driver's boot files.
+type BootSpec struct {
+	Dir       string   // cache directory
+	Kernel    string   // Debian vmlinuz to extract the uncompressed kernel from
+	Busybox   string   // busybox-static for the initramfs
+	ModDir    string   // kernel modules the initramfs loads
+	AgentPath string   // the agent binary, put on its own disk
+	AgentArgs []string // how /init starts the agent (transport flags)
+	Flavor    string   // distinguishes initramfs variants in the cache ("", "vsock")
+}
+
+// Boot is the set of files every VM of a driver boots from.
+type Boot struct{ Vmlinux, Initramfs, AgentDisk string }
+
+// BuildBoot builds (once, cached on disk by what they are made from) the
+// uncompressed kernel, the initramfs and the agent disk.
+func BuildBoot(ctx context.Context, s BootSpec) (Boot, error) {
+	name := "initramfs-"
+	if s.Flavor != "" {
+		name += s.Flavor + "-"
+	}
+	b := Boot{
+		Vmlinux:   filepath.Join(s.Dir, "vmlinux-"+CacheKey(s.Kernel)),
+		Initramfs: filepath.Join(s.Dir, name+CacheKey(s.Busybox, s.ModDir)+".cpio"),
+		AgentDisk: filepath.Join(s.Dir, "agent-"+CacheKey(s.AgentPath)+".ext4"),
+	}
+	if _, err := os.Stat(b.Vmlinux); err != nil {
+		if err := ExtractVmlinux(ctx, s.Kernel, b.Vmlinux); err != nil {
+			return b, err
+		}
+	}
+	if _, err := os.Stat(b.Initramfs); err != nil {
+		spec := InitramfsSpec{Busybox: s.Busybox, ModDir: s.ModDir, AgentArgs: s.AgentArgs}
+		if err := Initramfs(spec, b.Initramfs); err != nil {
+			return b, err
+		}
+	}
+	if _, err := os.Stat(b.AgentDisk); err != nil {
+		if err := AgentDisk(ctx, s.AgentPath, b.AgentDisk); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}

@@ -168,7 +168,6 @@ func (d *Driver) apiSock(id string) string    { return filepath.Join(d.sandboxDi
 func (d *Driver) vsockPath(id string) string  { return filepath.Join(d.sandboxDir(id), "vsock.sock") }
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
-func cacheKey(parts ...string) string { return vmimage.CacheKey(parts...) }
 
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	d.imgMu.Lock()
@@ -176,30 +175,14 @@ func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	if d.boot != nil {
 		return d.boot, nil
 	}
-	b := &bootFiles{
-		vmlinux:   filepath.Join(d.imageDir(), "vmlinux-"+cacheKey(d.opts.Kernel)),
-		initramfs: filepath.Join(d.imageDir(), "initramfs-vsock-"+cacheKey(d.opts.Busybox, d.opts.ModulesDir)+".cpio"),
-		agentDisk: filepath.Join(d.imageDir(), "agent-"+cacheKey(d.opts.AgentPath)+".ext4"),
+	bb, err := vmimage.BuildBoot(ctx, vmimage.BootSpec{Dir: d.imageDir(), Kernel: d.opts.Kernel,
+		Busybox: d.opts.Busybox, ModDir: d.opts.ModulesDir, AgentPath: d.opts.AgentPath,
+		AgentArgs: []string{"--vsock", strconv.Itoa(AgentPort)}, Flavor: "vsock"})
+	if err != nil {
+		return nil, fmt.Errorf("firecracker: %w", err)
 	}
-	if _, err := os.Stat(b.vmlinux); err != nil {
-		if err := vmimage.ExtractVmlinux(ctx, d.opts.Kernel, b.vmlinux); err != nil {
-			return nil, fmt.Errorf("firecracker: %w", err)
-		}
-	}
-	if _, err := os.Stat(b.initramfs); err != nil {
-		spec := vmimage.InitramfsSpec{Busybox: d.opts.Busybox, ModDir: d.opts.ModulesDir,
-			AgentArgs: []string{"--vsock", strconv.Itoa(AgentPort)}}
-		if err := vmimage.Initramfs(spec, b.initramfs); err != nil {
-			return nil, fmt.Errorf("firecracker: %w", err)
-		}
-	}
-	if _, err := os.Stat(b.agentDisk); err != nil {
-		if err := vmimage.AgentDisk(ctx, d.opts.AgentPath, b.agentDisk); err != nil {
-			return nil, fmt.Errorf("firecracker: %w", err)
-		}
-	}
-	d.boot = b
-	return b, nil
+	d.boot = &bootFiles{vmlinux: bb.Vmlinux, initramfs: bb.Initramfs, agentDisk: bb.AgentDisk}
+	return d.boot, nil
 }
 
 func (d *Driver) rootDisk(ctx context.Context, rootfs string) (string, error) {

@@ -198,8 +198,6 @@ func (d *Driver) agentSock(id string) string  { return filepath.Join(d.opts.RunD
 func (d *Driver) qmpSock(id string) string    { return filepath.Join(d.opts.RunDir, id+".qmp") }
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
-// cacheKey names a cached image after what it was built from.
-func cacheKey(parts ...string) string { return vmimage.CacheKey(parts...) }
 
 // bootFiles builds (once, cached on disk) the vmlinux and the initramfs.
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
@@ -208,30 +206,14 @@ func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	if d.boot != nil {
 		return d.boot, nil
 	}
-	b := &bootFiles{
-		vmlinux:   filepath.Join(d.imageDir(), "vmlinux-"+cacheKey(d.opts.Kernel)),
-		initramfs: filepath.Join(d.imageDir(), "initramfs-"+cacheKey(d.opts.Busybox, d.opts.ModulesDir)+".cpio"),
-		agentDisk: filepath.Join(d.imageDir(), "agent-"+cacheKey(d.opts.AgentPath)+".ext4"),
+	bb, err := vmimage.BuildBoot(ctx, vmimage.BootSpec{Dir: d.imageDir(), Kernel: d.opts.Kernel,
+		Busybox: d.opts.Busybox, ModDir: d.opts.ModulesDir, AgentPath: d.opts.AgentPath,
+		AgentArgs: []string{"--serial", PortName}, Flavor: ""})
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	if _, err := os.Stat(b.vmlinux); err != nil {
-		if err := vmimage.ExtractVmlinux(ctx, d.opts.Kernel, b.vmlinux); err != nil {
-			return nil, fmt.Errorf("qemu: %w", err)
-		}
-	}
-	if _, err := os.Stat(b.initramfs); err != nil {
-		spec := vmimage.InitramfsSpec{Busybox: d.opts.Busybox, ModDir: d.opts.ModulesDir,
-			AgentArgs: []string{"--serial", PortName}}
-		if err := vmimage.Initramfs(spec, b.initramfs); err != nil {
-			return nil, fmt.Errorf("qemu: %w", err)
-		}
-	}
-	if _, err := os.Stat(b.agentDisk); err != nil {
-		if err := vmimage.AgentDisk(ctx, d.opts.AgentPath, b.agentDisk); err != nil {
-			return nil, fmt.Errorf("qemu: %w", err)
-		}
-	}
-	d.boot = b
-	return b, nil
+	d.boot = &bootFiles{vmlinux: bb.Vmlinux, initramfs: bb.Initramfs, agentDisk: bb.AgentDisk}
+	return d.boot, nil
 }
 
 // rootDisk returns the template's read-only ext4 image, building it once.
