@@ -168,7 +168,6 @@ func (d *Driver) apiSock(id string) string    { return filepath.Join(d.sandboxDi
 func (d *Driver) vsockPath(id string) string  { return filepath.Join(d.sandboxDir(id), "vsock.sock") }
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
-
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	d.imgMu.Lock()
 	defer d.imgMu.Unlock()

@@ -198,7 +198,6 @@ func (d *Driver) agentSock(id string) string  { return filepath.Join(d.opts.RunD
 func (d *Driver) qmpSock(id string) string    { return filepath.Join(d.opts.RunDir, id+".qmp") }
 func (d *Driver) imageDir() string            { return filepath.Join(d.opts.StateDir, "_images") }
 
-
 // bootFiles builds (once, cached on disk) the vmlinux and the initramfs.
 func (d *Driver) bootFiles(ctx context.Context) (*bootFiles, error) {
 	d.imgMu.Lock()
