@@ -338,3 +338,72 @@ func TestRealGroup(t *testing.T) {
 		t.Fatalf("second destroy: %v", err)
 	}
 }
+
+func TestDetectV2ProcsLeaf(t *testing.T) {
+	// After enableOwn moved the node into the leaf, a restarted node must
+	// still put its groups beside the leaf, not below it.
+	mi := "40 31 0:36 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+	m, err := NewFromTables([]byte(mi), []byte("0::/system.slice/space.service/"+ProcsLeaf+"\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Paths("x").Unified; got != "/sys/fs/cgroup/system.slice/space.service/space/x" {
+		t.Fatalf("unified %q", got)
+	}
+}
+
+// TestEvacuate moves real processes out of a v2 cgroup into its leaf, as
+// enableOwn does when the kernel refuses to delegate controllers from a
+// cgroup that holds processes.
+func TestEvacuate(t *testing.T) {
+	requireRoot(t)
+	m, err := New("")
+	if err != nil {
+		t.Skip("no cgroups:", err)
+	}
+	var v2 string
+	for _, h := range m.hier {
+		if h.v2 {
+			v2 = filepath.Dir(h.base) // our own v2 cgroup
+		}
+	}
+	if v2 == "" {
+		t.Skip("no cgroup v2 hierarchy on this host")
+	}
+	dir := filepath.Join(v2, fmt.Sprintf("space-evac-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skip("cannot create a v2 cgroup here:", err)
+	}
+	leaf := filepath.Join(dir, ProcsLeaf)
+	var cmds []*exec.Cmd
+	defer func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		_ = os.Remove(leaf)
+		_ = os.Remove(dir)
+	}()
+	for range 3 {
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, c)
+		if err := write(filepath.Join(dir, "cgroup.procs"), fmt.Sprint(c.Process.Pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := evacuate(dir, leaf); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Fields(read(t, filepath.Join(dir, "cgroup.procs"))); len(got) != 0 {
+		t.Fatalf("still in %s: %v", dir, got)
+	}
+	got := strings.Fields(read(t, filepath.Join(leaf, "cgroup.procs")))
+	for _, c := range cmds {
+		if !slices.Contains(got, fmt.Sprint(c.Process.Pid)) {
+			t.Errorf("pid %d not moved to the leaf (leaf has %v)", c.Process.Pid, got)
+		}
+	}
+}

@@ -206,6 +206,11 @@ func NewFromTables(mountinfo, procCgroup []byte, base string) (*Manager, error) 
 				continue
 			}
 			haveV2 = true
+			// A node whose processes were moved to the leaf (enableOwn) still
+			// owns the leaf's parent.
+			if filepath.Base(path) == ProcsLeaf {
+				path = filepath.Dir(path)
+			}
 			dir := join(mt, path)
 			m.hier = append(m.hier, hierarchy{base: filepath.Join(dir, base), v2: true})
 			m.v2ctl = v2Controllers(dir)

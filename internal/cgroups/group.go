@@ -103,11 +103,8 @@ func (m *Manager) ensureBase() error {
 	for _, h := range m.hier {
 		if h.v2 && len(h.controllers) > 0 {
 			// Parent first: a controller can only be enabled below a cgroup
-			// that has it enabled itself. This fails with EBUSY when the
-			// node's own cgroup holds processes (v2's "no internal
-			// processes" rule); run the node in a delegated cgroup whose
-			// processes sit in a leaf of their own.
-			if err := enable(filepath.Dir(h.base), h.controllers); err != nil {
+			// that has it enabled itself.
+			if err := enableOwn(filepath.Dir(h.base), h.controllers); err != nil {
 				return err
 			}
 		}
@@ -122,6 +119,52 @@ func (m *Manager) ensureBase() error {
 	}
 	m.baseDone = true
 	return nil
+}
+
+// ProcsLeaf is the child cgroup that the node's own processes move to on
+// cgroup v2, so that its cgroup may delegate controllers (v2's "no internal
+// processes" rule). A node started in it treats its parent as its own
+// cgroup, so restarts don't nest leaves.
+const ProcsLeaf = "space-procs"
+
+// enableOwn enables controllers in the node's own cgroup. The kernel refuses
+// (EBUSY) while that cgroup holds processes, which is the normal case for a
+// systemd service with Delegate=yes or a container with its own cgroup
+// namespace: the processes then move to a leaf child and the write is
+// retried.
+func enableOwn(dir string, ctls []string) error {
+	err := enable(dir, ctls)
+	if err == nil || !errors.Is(err, unix.EBUSY) {
+		return err
+	}
+	if err := evacuate(dir, filepath.Join(dir, ProcsLeaf)); err != nil {
+		return fmt.Errorf("cgroups: %s holds processes, so it cannot delegate controllers, and moving them to a leaf failed: %w", dir, err)
+	}
+	return enable(dir, ctls)
+}
+
+// evacuate moves every process of cgroup dir into leaf. Processes forked
+// meanwhile land in dir, so it repeats until dir is empty.
+func evacuate(dir, leaf string) error {
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	for range 20 {
+		data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			return fmt.Errorf("cgroups: %w", err)
+		}
+		pids := strings.Fields(string(data))
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			if err := write(filepath.Join(leaf, "cgroup.procs"), pid); err != nil && !errors.Is(err, unix.ESRCH) {
+				return err
+			}
+		}
+	}
+	return fmt.Errorf("cgroups: %s still holds processes after 20 passes", dir)
 }
 
 func enable(dir string, ctls []string) error {

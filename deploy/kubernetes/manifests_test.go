@@ -1,0 +1,1104 @@
+package kubernetes_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	namespace  = "space"
+	serverName = "space-server"
+	// nodeLabel is the label of hosts that run a space server.
+	nodeLabel = "space-sandbox.dev/node"
+)
+
+// workload is a DaemonSet, StatefulSet or Deployment.
+type workload struct {
+	Kind, Name  string
+	Selector    *metav1.LabelSelector
+	Template    corev1.PodTemplateSpec
+	Claims      []string // volumeClaimTemplates
+	ServiceName string   // StatefulSet: its governing Service
+}
+
+// cluster is a rendered kustomization, decoded into API types.
+type cluster struct {
+	Namespaces []corev1.Namespace
+	Accounts   map[string]corev1.ServiceAccount
+	Secrets    map[string]corev1.Secret
+	Services   []corev1.Service
+	Workloads  []workload
+	Policies   []networkingv1.NetworkPolicy
+	Used       map[string]bool
+}
+
+func (c *cluster) workload(name string) (workload, bool) {
+	for _, w := range c.Workloads {
+		if w.Name == name {
+			return w, true
+		}
+	}
+	return workload{}, false
+}
+
+// load renders dir and decodes every object strictly by its kind.
+func load(t *testing.T, dir string) *cluster {
+	t.Helper()
+	r, err := render(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{Accounts: map[string]corev1.ServiceAccount{}, Secrets: map[string]corev1.Secret{}, Used: r.Used}
+	seen := map[string]bool{}
+	for _, o := range r.Objects {
+		if seen[o.id()] {
+			t.Errorf("%s defined twice", o.id())
+		}
+		seen[o.id()] = true
+		var meta metav1.ObjectMeta
+		var err error
+		switch gvk := o.apiVersion() + " " + o.kind(); gvk {
+		case "v1 Namespace":
+			var x corev1.Namespace
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Namespaces = append(c.Namespaces, x)
+		case "v1 ServiceAccount":
+			var x corev1.ServiceAccount
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Accounts[x.Name] = x
+		case "v1 Secret":
+			var x corev1.Secret
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Secrets[x.Name] = x
+		case "v1 Service":
+			var x corev1.Service
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Services = append(c.Services, x)
+		case "apps/v1 DaemonSet":
+			var x appsv1.DaemonSet
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Workloads = append(c.Workloads, workload{Kind: "DaemonSet", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template})
+		case "apps/v1 StatefulSet":
+			var x appsv1.StatefulSet
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			w := workload{Kind: "StatefulSet", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template, ServiceName: x.Spec.ServiceName}
+			for _, vc := range x.Spec.VolumeClaimTemplates {
+				w.Claims = append(w.Claims, vc.Name)
+			}
+			c.Workloads = append(c.Workloads, w)
+		case "apps/v1 Deployment":
+			var x appsv1.Deployment
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Workloads = append(c.Workloads, workload{Kind: "Deployment", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template})
+		case "networking.k8s.io/v1 NetworkPolicy":
+			var x networkingv1.NetworkPolicy
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Policies = append(c.Policies, x)
+		default:
+			// RBAC included: nothing here calls the Kubernetes API, so no
+			// Role or binding may appear without a test that says why.
+			t.Errorf("%s (%s): unexpected kind %q", o.id(), o.Source, gvk)
+			continue
+		}
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if o.kind() != "Namespace" && meta.Namespace != namespace {
+			t.Errorf("%s: namespace %q, want %q", o.id(), meta.Namespace, namespace)
+		}
+		if meta.Labels["app.kubernetes.io/part-of"] != "space" {
+			t.Errorf("%s: no app.kubernetes.io/part-of label", o.id())
+		}
+	}
+	return c
+}
+
+// checkCommon asserts what must hold for every rendering. external names the
+// Secrets the user creates outside the kustomization.
+func checkCommon(t *testing.T, c *cluster, external ...string) {
+	t.Helper()
+	if len(c.Namespaces) != 1 || c.Namespaces[0].Name != namespace {
+		t.Fatalf("want exactly the Namespace %q, have %v", namespace, c.Namespaces)
+	}
+	if c.Namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Error("the namespace must admit the privileged server pods (pod-security enforce=privileged)")
+	}
+	if len(c.Workloads) == 0 {
+		t.Fatal("no workloads")
+	}
+	for _, w := range c.Workloads {
+		checkWorkload(t, c, w, external)
+	}
+	checkServices(t, c)
+	checkPolicies(t, c)
+}
+
+func checkWorkload(t *testing.T, c *cluster, w workload, external []string) {
+	t.Helper()
+	id := w.Kind + "/" + w.Name
+	sel, err := metav1.LabelSelectorAsSelector(w.Selector)
+	if err != nil || w.Selector == nil || sel.Empty() {
+		t.Errorf("%s: selector %v: %v", id, w.Selector, err)
+	} else if !sel.Matches(labels.Set(w.Template.Labels)) {
+		t.Errorf("%s: selector %v does not match the pod labels %v", id, sel, w.Template.Labels)
+	}
+	if w.ServiceName != "" && !slices.ContainsFunc(c.Services, func(s corev1.Service) bool { return s.Name == w.ServiceName }) {
+		t.Errorf("%s: serviceName %q is no Service", id, w.ServiceName)
+	}
+	ps := w.Template.Spec
+	sa, ok := c.Accounts[ps.ServiceAccountName]
+	if !ok {
+		t.Errorf("%s: serviceAccountName %q is no ServiceAccount here", id, ps.ServiceAccountName)
+	} else if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Errorf("%s: ServiceAccount %s must not mount a token", id, sa.Name)
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Errorf("%s: the pod must not mount a service-account token", id)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		volumes[v.Name] = v
+		if v.HostPath != nil && strings.HasPrefix(v.HostPath.Path, "/dev/") &&
+			(v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathCharDev) {
+			t.Errorf("%s: host device %s must be a hostPath of type CharDevice", id, v.HostPath.Path)
+		}
+	}
+	if len(ps.Containers) == 0 {
+		t.Errorf("%s: no containers", id)
+	}
+	for _, ct := range ps.Containers {
+		cid := id + " container " + ct.Name
+		for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			req, okr := ct.Resources.Requests[res]
+			lim, okl := ct.Resources.Limits[res]
+			if !okr || !okl {
+				t.Errorf("%s: %s needs a request and a limit", cid, res)
+			} else if req.Cmp(lim) > 0 {
+				t.Errorf("%s: %s request %s above its limit %s", cid, res, req.String(), lim.String())
+			}
+		}
+		if ct.ReadinessProbe == nil || ct.LivenessProbe == nil {
+			t.Errorf("%s: needs readiness and liveness probes", cid)
+		}
+		for _, p := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
+			if p != nil && p.HTTPGet != nil && !hasPort(ct, p.HTTPGet.Port) {
+				t.Errorf("%s: probe port %s is not a container port", cid, p.HTTPGet.Port.String())
+			}
+		}
+		if ct.Image == "" || strings.HasSuffix(ct.Image, ":latest") || !strings.Contains(ct.Image, ":") {
+			t.Errorf("%s: image %q needs a fixed tag", cid, ct.Image)
+		}
+		if ct.ImagePullPolicy != corev1.PullIfNotPresent {
+			t.Errorf("%s: imagePullPolicy %q, want IfNotPresent (kind loads images; no pulls needed)", cid, ct.ImagePullPolicy)
+		}
+		for _, m := range ct.VolumeMounts {
+			if _, ok := volumes[m.Name]; !ok && !slices.Contains(w.Claims, m.Name) {
+				t.Errorf("%s: mount %q names no volume", cid, m.Name)
+			}
+		}
+		// $(VAR) in env values may name earlier entries; in args, any entry.
+		defined := map[string]bool{}
+		for _, e := range ct.Env {
+			for _, ref := range varRefs(e.Value) {
+				if !defined[ref] {
+					t.Errorf("%s: env %s uses $(%s), which no earlier env entry defines", cid, e.Name, ref)
+				}
+			}
+			defined[e.Name] = true
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				ref := e.ValueFrom.SecretKeyRef
+				if s, ok := c.Secrets[ref.Name]; ok {
+					if _, ok := s.StringData[ref.Key]; !ok {
+						if _, ok := s.Data[ref.Key]; !ok {
+							t.Errorf("%s: Secret %s has no key %q", cid, ref.Name, ref.Key)
+						}
+					}
+				} else if !slices.Contains(external, ref.Name) {
+					t.Errorf("%s: Secret %q is neither rendered nor documented as created by the user", cid, ref.Name)
+				}
+			}
+		}
+		for _, a := range append(slices.Clone(ct.Command), ct.Args...) {
+			for _, ref := range varRefs(a) {
+				if !defined[ref] {
+					t.Errorf("%s: argument %q uses $(%s), which the env does not define", cid, a, ref)
+				}
+			}
+		}
+		sc := ct.SecurityContext
+		if w.Name != serverName {
+			// Only the server (the node of its host) is privileged.
+			if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+				sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+				t.Errorf("%s: must be unprivileged: no escalation, all capabilities dropped", cid)
+			}
+			if ps.SecurityContext == nil || ps.SecurityContext.RunAsNonRoot == nil || !*ps.SecurityContext.RunAsNonRoot {
+				t.Errorf("%s: must run as non-root", id)
+			}
+			if ps.HostPID || ps.HostNetwork || ps.HostIPC || len(hostPaths(ps)) > 0 {
+				t.Errorf("%s: must not use the host's namespaces or paths", id)
+			}
+		}
+	}
+}
+
+var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+func varRefs(s string) []string {
+	var out []string
+	for _, m := range varRef.FindAllStringSubmatch(s, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func hostPaths(ps corev1.PodSpec) map[string]corev1.Volume {
+	out := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		if v.HostPath != nil {
+			out[v.Name] = v
+		}
+	}
+	return out
+}
+
+// hasPort reports whether p (a number or a name) is one of ct's ports.
+func hasPort(ct corev1.Container, p intstr.IntOrString) bool {
+	for _, cp := range ct.Ports {
+		if (p.Type == intstr.String && p.StrVal == cp.Name) || (p.Type == intstr.Int && p.IntVal == cp.ContainerPort) {
+			return true
+		}
+	}
+	return false
+}
+
+// podsOf returns the workloads whose pods sel selects.
+func (c *cluster) podsOf(sel labels.Selector) []workload {
+	var out []workload
+	for _, w := range c.Workloads {
+		if sel.Matches(labels.Set(w.Template.Labels)) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// containerPort resolves a Service targetPort against a workload's pods.
+func containerPort(w workload, target intstr.IntOrString) (corev1.ContainerPort, bool) {
+	for _, ct := range w.Template.Spec.Containers {
+		for _, cp := range ct.Ports {
+			if (target.Type == intstr.String && target.StrVal == cp.Name) || (target.Type == intstr.Int && target.IntVal == cp.ContainerPort) {
+				return cp, true
+			}
+		}
+	}
+	return corev1.ContainerPort{}, false
+}
+
+func checkServices(t *testing.T, c *cluster) {
+	t.Helper()
+	for _, s := range c.Services {
+		pods := c.podsOf(labels.SelectorFromSet(s.Spec.Selector))
+		if len(s.Spec.Selector) == 0 || len(pods) == 0 {
+			t.Errorf("Service %s: selector %v selects no workload", s.Name, s.Spec.Selector)
+			continue
+		}
+		for _, sp := range s.Spec.Ports {
+			target := sp.TargetPort
+			if target.Type == intstr.Int && target.IntVal == 0 {
+				target = intstr.FromInt(int(sp.Port))
+			}
+			for _, w := range pods {
+				if _, ok := containerPort(w, target); !ok {
+					t.Errorf("Service %s port %s: target %s is no port of %s", s.Name, sp.Name, target.String(), w.Name)
+				}
+			}
+		}
+	}
+}
+
+// allowsIngress reports whether some policy selecting w's pods lets port in.
+func (c *cluster) allowsIngress(w workload, port corev1.ContainerPort) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(w.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Ingress {
+			if len(r.Ports) == 0 {
+				return true
+			}
+			for _, rp := range r.Ports {
+				if rp.Port == nil || (rp.Port.Type == intstr.Int && rp.Port.IntVal == port.ContainerPort) ||
+					(rp.Port.Type == intstr.String && rp.Port.StrVal == port.Name) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// allowsEgress reports whether from's pods may reach to's pods on port.
+func (c *cluster) allowsEgress(from, to workload, port int32) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(from.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Egress {
+			portOK := len(r.Ports) == 0
+			for _, rp := range r.Ports {
+				portOK = portOK || rp.Port == nil || (rp.Port.Type == intstr.Int && rp.Port.IntVal == port)
+			}
+			for _, peer := range r.To {
+				if peer.PodSelector == nil || peer.NamespaceSelector != nil {
+					continue
+				}
+				ps, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+				if err == nil && ps.Matches(labels.Set(to.Template.Labels)) && portOK {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func checkPolicies(t *testing.T, c *cluster) {
+	t.Helper()
+	deny := false
+	for _, p := range c.Policies {
+		if len(p.Spec.PodSelector.MatchLabels) == 0 && len(p.Spec.PodSelector.MatchExpressions) == 0 {
+			if !slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) ||
+				len(p.Spec.Ingress) > 0 || len(p.Spec.Egress) > 0 {
+				t.Errorf("NetworkPolicy %s selects every pod, so it must deny all ingress and egress", p.Name)
+			}
+			deny = true
+			continue
+		}
+		for _, r := range p.Spec.Ingress {
+			checkPeers(t, c, p.Name, r.From)
+		}
+		for _, r := range p.Spec.Egress {
+			checkPeers(t, c, p.Name, r.To)
+		}
+	}
+	if !deny {
+		t.Error("no default-deny NetworkPolicy")
+	}
+	// Every workload has its own policy, and every Service port it serves
+	// is let in by one.
+	for _, w := range c.Workloads {
+		own := false
+		for _, p := range c.Policies {
+			sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+			if err == nil && !sel.Empty() && sel.Matches(labels.Set(w.Template.Labels)) {
+				own = own || (slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) && slices.Contains(p.Spec.PolicyTypes, networkingv1.PolicyTypeEgress))
+			}
+		}
+		if !own {
+			t.Errorf("%s: no NetworkPolicy of its own (ingress and egress)", w.Name)
+		}
+	}
+	for _, s := range c.Services {
+		for _, w := range c.podsOf(labels.SelectorFromSet(s.Spec.Selector)) {
+			for _, sp := range s.Spec.Ports {
+				target := sp.TargetPort
+				if target.Type == intstr.Int && target.IntVal == 0 {
+					target = intstr.FromInt(int(sp.Port))
+				}
+				if cp, ok := containerPort(w, target); ok && !c.allowsIngress(w, cp) {
+					t.Errorf("Service %s port %s: no NetworkPolicy lets it into %s", s.Name, sp.Name, w.Name)
+				}
+			}
+		}
+	}
+}
+
+// checkPeers asserts that a policy's pod selectors (within the namespace)
+// select pods that exist.
+func checkPeers(t *testing.T, c *cluster, policy string, peers []networkingv1.NetworkPolicyPeer) {
+	t.Helper()
+	for _, peer := range peers {
+		if peer.PodSelector == nil || peer.NamespaceSelector != nil {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		if err != nil || len(c.podsOf(sel)) == 0 {
+			t.Errorf("NetworkPolicy %s: peer %v selects no pods here", policy, peer.PodSelector)
+		}
+	}
+}
+
+// server returns the server workload and its container.
+func server(t *testing.T, c *cluster) (workload, corev1.Container) {
+	t.Helper()
+	w, ok := c.workload(serverName)
+	if !ok || len(w.Template.Spec.Containers) != 1 {
+		t.Fatalf("no %s workload with one container", serverName)
+	}
+	return w, w.Template.Spec.Containers[0]
+}
+
+// argFlags maps each --name=value argument (after the subcommand) to its
+// value; a bare --name maps to "".
+func argFlags(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, a := range args[1:] {
+		name, val, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "--") || name == "" {
+			t.Errorf("argument %q: want --name or --name=value", a)
+		}
+		if _, dup := out[name]; dup {
+			t.Errorf("flag --%s given twice", name)
+		}
+		out[name] = val
+	}
+	return out
+}
+
+func envValue(ct corev1.Container, name string) (string, bool) {
+	for _, e := range ct.Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// checkServer asserts what the server (today also its host's node) needs.
+func checkServer(t *testing.T, c *cluster) {
+	t.Helper()
+	w, ct := server(t, c)
+	ps := w.Template.Spec
+	if w.Kind != "DaemonSet" {
+		t.Errorf("%s is a %s: while each server is its host's node it must be a DaemonSet", w.Name, w.Kind)
+	}
+	if ct.SecurityContext == nil || ct.SecurityContext.Privileged == nil || !*ct.SecurityContext.Privileged {
+		t.Error("the server must be privileged (namespaces, cgroups, nftables per sandbox)")
+	}
+	if ps.HostPID || ps.HostNetwork || ps.HostIPC {
+		t.Error("the server must not share the host's PID, network or IPC namespace: sandboxes end with the container anyway")
+	}
+	if ps.NodeSelector[nodeLabel] != "true" {
+		t.Errorf("the server must run only on hosts labelled %s=true", nodeLabel)
+	}
+	if len(ct.Args) == 0 || ct.Args[0] != "server" || len(ct.Command) != 0 {
+		t.Fatalf("the container must run the image's entrypoint with args server ...; have command %v args %v", ct.Command, ct.Args)
+	}
+	flags := argFlags(t, ct.Args)
+	vols := map[string]corev1.Volume{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = v
+	}
+	mounted := func(path string) (corev1.VolumeMount, corev1.Volume, bool) {
+		for _, m := range ct.VolumeMounts {
+			if filepath.Clean(m.MountPath) == filepath.Clean(path) {
+				return m, vols[m.Name], true
+			}
+		}
+		return corev1.VolumeMount{}, corev1.Volume{}, false
+	}
+	for _, m := range ct.VolumeMounts {
+		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+			t.Errorf("mount %s: Bidirectional propagation would leave the server's mounts on the host", m.MountPath)
+		}
+		if strings.HasPrefix(filepath.Clean(m.MountPath), "/sys/fs/cgroup") {
+			// The runtime's own cgroup mount matches the server's cgroup
+			// namespace; the host's would not, where the pod has its own.
+			t.Errorf("mount %s: the server must use the runtime's cgroup mount", m.MountPath)
+		}
+	}
+	// Templates, layers, logs and snapshots outlive the pod, on the host.
+	if _, v, ok := mounted(flags["data-dir"]); !ok || v.HostPath == nil || v.HostPath.Path != flags["data-dir"] {
+		t.Errorf("--data-dir=%q is not the host's directory of that name", flags["data-dir"])
+	}
+	if m, _, ok := mounted(flags["run-dir"]); !ok || m.ReadOnly {
+		t.Errorf("--run-dir=%q is not a writable volume", flags["run-dir"])
+	}
+	if flags["node-name"] != "$(NODE_NAME)" {
+		t.Errorf("--node-name=%q: want the Kubernetes node name, stable across pod restarts", flags["node-name"])
+	}
+	for _, e := range ct.Env {
+		if e.Name == "NODE_NAME" && (e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName") {
+			t.Error("NODE_NAME must come from spec.nodeName")
+		}
+		if e.Name == "SPACE_STORE" && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+			t.Error("SPACE_STORE (the DSN, with a password) must come from a Secret")
+		}
+	}
+	if _, ok := flags["store"]; ok {
+		t.Error("--store on the command line shows the DSN's password in ps; use SPACE_STORE from the Secret")
+	}
+	// Each listener is where the Service and probes expect it.
+	for flag, port := range map[string]string{"listen": "control", "data-listen": "data"} {
+		_, p, err := splitHostPort(flags[flag])
+		cp, ok := containerPort(w, intstr.FromString(port))
+		if err != nil || !ok || p != int(cp.ContainerPort) {
+			t.Errorf("--%s=%q does not listen on the container port %q", flag, flags[flag], port)
+		}
+	}
+	// Prometheus scrapes what the egress gateway serves.
+	an := w.Template.Annotations
+	if an["prometheus.io/scrape"] == "true" {
+		port, _ := strconv.Atoi(an["prometheus.io/port"])
+		cp, ok := containerPort(w, intstr.FromInt(port))
+		if !ok {
+			t.Errorf("prometheus.io/port %q is no container port", an["prometheus.io/port"])
+		}
+		_, mp, err := splitHostPort(flags["egress-metrics"])
+		if _, on := flags["egress"]; !on || err != nil || mp != int(cp.ContainerPort) || an["prometheus.io/path"] != "/metrics" {
+			t.Errorf("scrape annotations %v do not match --egress --egress-metrics=%q", an, flags["egress-metrics"])
+		}
+	}
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return "", 0, fmt.Errorf("%q: no port", s)
+	}
+	p, err := strconv.Atoi(s[i+1:])
+	return s[:i], p, err
+}
+
+func TestBase(t *testing.T) {
+	c := load(t, "base")
+	// The base leaves the database Secret to the user (docs/install-kind.md).
+	checkCommon(t, c, "space-db")
+	checkServer(t, c)
+	_, ct := server(t, c)
+	if ct.Image != "space:0.1.0" {
+		t.Errorf("server image %q, want space:0.1.0", ct.Image)
+	}
+	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://$(POD_IP):7071" {
+		t.Errorf("SPACE_DATA_URL %q: each session must name its own pod's data plane", v)
+	}
+	if len(c.Secrets) != 0 {
+		t.Error("the base must not ship a Secret (no default password)")
+	}
+}
+
+func TestKind(t *testing.T) {
+	c := load(t, "kind")
+	checkCommon(t, c)
+	checkServer(t, c)
+	_, ct := server(t, c)
+	if ct.Image != "space:dev" {
+		t.Errorf("server image %q, want space:dev (what docs/install-kind.md builds and loads)", ct.Image)
+	}
+	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://127.0.0.1:7071" {
+		t.Errorf("SPACE_DATA_URL %q: through port-forward the data plane is 127.0.0.1:7071", v)
+	}
+	// The DSN names the database the StatefulSet creates.
+	db, ok := c.workload("space-postgres")
+	if !ok {
+		t.Fatal("no space-postgres")
+	}
+	pg := db.Template.Spec.Containers[0]
+	s := c.Secrets["space-db"]
+	u, err := url.Parse(s.StringData["dsn"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, _ := envValue(pg, "POSTGRES_USER")
+	dbName, _ := envValue(pg, "POSTGRES_DB")
+	pw, _ := u.User.Password()
+	if u.Scheme != "postgres" || u.User.Username() != user || pw != s.StringData["password"] || u.Path != "/"+dbName {
+		t.Errorf("dsn %q does not match the database (user %q, db %q, the Secret's password)", u.Redacted(), user, dbName)
+	}
+	var svc *corev1.Service
+	for i := range c.Services {
+		if c.Services[i].Name == u.Hostname() {
+			svc = &c.Services[i]
+		}
+	}
+	if svc == nil || len(svc.Spec.Ports) != 1 || strconv.Itoa(int(svc.Spec.Ports[0].Port)) != u.Port() ||
+		!labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(db.Template.Labels)) {
+		t.Errorf("dsn host %s:%s is not the database's Service", u.Hostname(), u.Port())
+	}
+	srv, _ := c.workload(serverName)
+	if !c.allowsEgress(srv, db, 5432) {
+		t.Error("the NetworkPolicies do not let the server reach the database")
+	}
+	// The cluster config labels a node for the DaemonSet.
+	raw, err := os.ReadFile("kind/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kc struct {
+		Kind       string `json:"kind"`
+		APIVersion string `json:"apiVersion"`
+		Name       string `json:"name"`
+		Nodes      []struct {
+			Role   string            `json:"role"`
+			Labels map[string]string `json:"labels"`
+		} `json:"nodes"`
+	}
+	if err := yaml.UnmarshalStrict(raw, &kc); err != nil {
+		t.Fatalf("kind/cluster.yaml: %v", err)
+	}
+	if kc.Kind != "Cluster" || kc.APIVersion != "kind.x-k8s.io/v1alpha4" ||
+		!slices.ContainsFunc(kc.Nodes, func(n struct {
+			Role   string            `json:"role"`
+			Labels map[string]string `json:"labels"`
+		}) bool {
+			return n.Labels[nodeLabel] == "true"
+		}) {
+		t.Errorf("kind/cluster.yaml: want a kind Cluster with a node labelled %s=true", nodeLabel)
+	}
+}
+
+// TestEveryFileIsUsed: a manifest that kustomization.yaml does not list
+// would silently not be applied.
+func TestEveryFileIsUsed(t *testing.T) {
+	notResources := map[string]string{"kind/cluster.yaml": "kind's cluster config (kind create cluster --config)"}
+	for _, dir := range []string{"base", "kind"} {
+		r, err := render(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := yamlFiles(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if _, ok := notResources[filepath.ToSlash(f)]; ok {
+				continue
+			}
+			if !r.Used[f] {
+				t.Errorf("%s is not listed in %s/kustomization.yaml", f, dir)
+			}
+		}
+	}
+}
+
+// buildSpace builds the real binary.
+func buildSpace(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "space")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/space")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/space: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// flagsOf reads `space ARGS... -h`: each flag's name and whether it is a
+// bool flag.
+func flagsOf(t *testing.T, bin string, args ...string) (isBool map[string]bool, help string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// -h makes the flag set print its flags and fail with ErrHelp.
+	out, _ := exec.CommandContext(ctx, bin, append(args, "-h")...).CombinedOutput()
+	isBool = map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)( \S+)?$`).FindAllStringSubmatch(string(out), -1) {
+		isBool[m[1]] = m[2] == ""
+	}
+	if len(isBool) == 0 {
+		t.Fatalf("could not read the flags of `space %s -h`:\n%s", strings.Join(args, " "), out)
+	}
+	return isBool, string(out)
+}
+
+// spaceServerArgs returns the flags of a `space server` command line in
+// the "--name value" style of the systemd unit and docs.
+func spaceServerArgs(t *testing.T, where string, fields []string, isBool map[string]bool) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for i := 0; i < len(fields); i++ {
+		f := fields[i]
+		if !strings.HasPrefix(f, "-") {
+			t.Errorf("%s: stray argument %q", where, f)
+			continue
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(f, "-"), "=")
+		b, ok := isBool[name]
+		if !ok {
+			t.Errorf("%s: `space server` has no flag %s", where, f)
+			continue
+		}
+		if !b && !hasVal {
+			if i+1 >= len(fields) {
+				t.Errorf("%s: %s needs a value", where, f)
+				break
+			}
+			i++
+			val = fields[i]
+		}
+		out[name] = val
+	}
+	return out
+}
+
+// execStarts returns the `space server` command lines (after "server") of
+// the ExecStart= lines in text, with continuation lines joined.
+func execStarts(text string) [][]string {
+	text = strings.ReplaceAll(text, "\\\n", " ")
+	var out [][]string
+	for _, line := range strings.Split(text, "\n") {
+		cmd, ok := strings.CutPrefix(strings.TrimSpace(line), "ExecStart=")
+		if !ok || cmd == "" {
+			continue
+		}
+		f := strings.Fields(cmd)
+		if len(f) >= 2 && f[0] == "/usr/local/bin/space" && f[1] == "server" {
+			out = append(out, f[2:])
+		} else {
+			out = append(out, nil) // not `space server`: reported by the caller
+		}
+	}
+	return out
+}
+
+// TestFlagsAreReal runs the real binary: every flag the Kubernetes
+// manifests, the systemd unit and docs/install-systemd.md give
+// `space server` must be one it accepts, bool flags bare and the others
+// with a value.
+func TestFlagsAreReal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the space binary")
+	}
+	bin := buildSpace(t)
+	isBool, help := flagsOf(t, bin, "server")
+	for _, want := range []string{"listen", "data-listen", "data-dir", "egress"} {
+		if _, ok := isBool[want]; !ok {
+			t.Fatalf("`space server -h` lists no -%s:\n%s", want, help)
+		}
+	}
+	t.Run("kubernetes", func(t *testing.T) {
+		for _, dir := range []string{"base", "kind"} {
+			_, ct := server(t, load(t, dir))
+			for name, val := range argFlags(t, ct.Args) {
+				b, ok := isBool[name]
+				switch {
+				case !ok:
+					t.Errorf("%s: `space server` has no flag --%s", dir, name)
+				case b && val != "" && val != "true" && val != "false":
+					t.Errorf("%s: --%s is a bool flag, given %q", dir, name, val)
+				case !b && val == "":
+					t.Errorf("%s: --%s needs a value (--%s=VALUE)", dir, name, name)
+				}
+			}
+		}
+		// The Secret's DSN reaches the server as $SPACE_STORE.
+		if !strings.Contains(help, "$SPACE_STORE") {
+			t.Error("`space server -h` no longer says it reads $SPACE_STORE")
+		}
+	})
+	t.Run("systemd", func(t *testing.T) {
+		raw, err := os.ReadFile("../systemd/space-server.service")
+		if err != nil {
+			t.Fatal(err)
+		}
+		unit := execStarts(string(raw))
+		if len(unit) != 1 || unit[0] == nil {
+			t.Fatalf("space-server.service: want one ExecStart=/usr/local/bin/space server ..., have %v", unit)
+		}
+		flags := spaceServerArgs(t, "space-server.service", unit[0], isBool)
+		// StateDirectory= and RuntimeDirectory= make what the flags name.
+		for flag, dir := range map[string]string{"data-dir": "StateDirectory=space", "run-dir": "RuntimeDirectory=space"} {
+			want := "/var/lib/space"
+			if flag == "run-dir" {
+				want = "/run/space"
+			}
+			if flags[flag] != want || !strings.Contains(string(raw), "\n"+dir+"\n") {
+				t.Errorf("space-server.service: --%s %q does not match %s", flag, flags[flag], dir)
+			}
+		}
+		// systemd's own check of the unit, pointed at the binary just built.
+		if sa, err := exec.LookPath("systemd-analyze"); err == nil {
+			tmp := filepath.Join(t.TempDir(), "space-server.service")
+			unitText := strings.ReplaceAll(string(raw), "/usr/local/bin/space ", bin+" ")
+			if err := os.WriteFile(tmp, []byte(unitText), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// It reports bad settings as warnings about the file, exit 0.
+			if out, err := exec.Command(sa, "verify", tmp).CombinedOutput(); err != nil || strings.Contains(string(out), tmp) {
+				t.Errorf("systemd-analyze verify space-server.service: %v\n%s", err, out)
+			}
+		}
+		env, err := os.ReadFile("../systemd/space.env.example")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^SPACE_STORE="postgres://[^"]+"$`).Match(env) {
+			t.Error("space.env.example: want a double-quoted SPACE_STORE=\"postgres://...\"")
+		}
+	})
+	t.Run("systemd-docs", func(t *testing.T) {
+		raw, err := os.ReadFile("../../docs/install-systemd.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, m := range regexp.MustCompile("(?s)```ini\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+			for _, args := range execStarts(m[1]) {
+				if args != nil {
+					spaceServerArgs(t, "docs/install-systemd.md", args, isBool)
+					n++
+				}
+			}
+		}
+		if n == 0 {
+			t.Error("docs/install-systemd.md: no ExecStart= drop-in found")
+		}
+		keys := regexp.MustCompile(`space keys (create|list|revoke)([^\n)#]*)`).FindAllStringSubmatch(string(raw), -1)
+		if len(keys) == 0 {
+			t.Error("docs/install-systemd.md: no space keys command found")
+		}
+		for _, m := range keys {
+			kb, _ := flagsOf(t, bin, "keys", m[1])
+			for _, f := range strings.Fields(m[2]) {
+				if name, _, _ := strings.Cut(strings.TrimLeft(f, "-"), "="); strings.HasPrefix(f, "-") {
+					if _, ok := kb[name]; !ok {
+						t.Errorf("docs/install-systemd.md: `space keys %s` has no flag %s", m[1], f)
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestProbesUseRealRoutes checks the probes' paths against the OpenAPI
+// documents the control API and data plane serve (their own tests check
+// the documents against the routes).
+func TestProbesUseRealRoutes(t *testing.T) {
+	docs := map[string]string{"control": "../../internal/api/openapi.json", "data": "../../internal/dataplane/openapi.json"}
+	paths := map[string]map[string]map[string]any{}
+	for port, f := range docs {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Paths map[string]map[string]any `json:"paths"`
+		}
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		paths[port] = doc.Paths
+	}
+	_, ct := server(t, load(t, "base"))
+	n := 0
+	for _, p := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil {
+			continue
+		}
+		n++
+		port := p.HTTPGet.Port.String()
+		if _, ok := paths[port][p.HTTPGet.Path]["get"]; !ok {
+			t.Errorf("probe GET %s on port %s: no such route", p.HTTPGet.Path, port)
+		}
+	}
+	if n == 0 {
+		t.Error("the server has no HTTP probes")
+	}
+}
+
+// TestDockerfile: the image the manifests run has the entrypoint they rely
+// on (the container sets args only) and ships the agent next to space.
+func TestDockerfile(t *testing.T) {
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(raw)
+	for _, want := range []string{`ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/space"]`, " tini ", "CGO_ENABLED=0 go build", "./cmd/space ./cmd/space-agent",
+		"/out/space /out/space-agent /usr/local/bin/", "busybox-static", "mmdebstrap"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("deploy/Dockerfile lacks %q", want)
+		}
+	}
+}
+
+func TestRenderJSONPatch(t *testing.T) {
+	doc := func() map[string]any {
+		return map[string]any{"spec": map[string]any{"env": []any{map[string]any{"name": "A", "value": "1"}}}}
+	}
+	d := doc()
+	if err := applyOp(d, jsonOp{Op: "test", Path: "/spec/env/0/name", Value: "A"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyOp(d, jsonOp{Op: "replace", Path: "/spec/env/0/value", Value: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(d["spec"].(map[string]any)["env"].([]any)[0], "value"); got != "2" {
+		t.Fatalf("replace: value %v", got)
+	}
+	for _, op := range []jsonOp{
+		{Op: "test", Path: "/spec/env/0/name", Value: "B"},
+		{Op: "replace", Path: "/spec/env/1/value", Value: "x"},
+		{Op: "replace", Path: "/spec/nope", Value: "x"},
+		{Op: "remove", Path: "/spec/env/0"},
+	} {
+		if err := applyOp(doc(), op); err == nil {
+			t.Errorf("%+v: want an error", op)
+		}
+	}
+	if got := setImage("space:0.1.0", []imageSpec{{Name: "space", NewTag: "dev"}}); got != "space:dev" {
+		t.Errorf("setImage: %s", got)
+	}
+	if got := setImage("localhost:5000/space", []imageSpec{{Name: "localhost:5000/space", NewName: "r/space", NewTag: "1"}}); got != "r/space:1" {
+		t.Errorf("setImage with a registry port: %s", got)
+	}
+}
+
+// TestRendererMatchesKustomize compares the offline renderer with real
+// kustomize (`kubectl kustomize`) where kubectl is installed.
+func TestRendererMatchesKustomize(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not on PATH")
+	}
+	for _, dir := range []string{"base", "kind"} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out, err := exec.CommandContext(ctx, kubectl, "kustomize", dir).Output()
+		cancel()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		want := map[string]any{}
+		for _, part := range splitDocs(out) {
+			var m map[string]any
+			if err := yaml.Unmarshal(part, &m); err != nil {
+				t.Fatal(err)
+			}
+			if m != nil {
+				want[object{Doc: m}.id()] = normalize(m)
+			}
+		}
+		r, err := render(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		have := map[string]any{}
+		for _, o := range r.Objects {
+			have[o.id()] = normalize(o.Doc)
+		}
+		for id, w := range want {
+			if h, ok := have[id]; !ok {
+				t.Errorf("%s: kustomize renders %s, the offline renderer does not", dir, id)
+			} else if !reflect.DeepEqual(h, w) {
+				hb, _ := json.MarshalIndent(h, "", " ")
+				wb, _ := json.MarshalIndent(w, "", " ")
+				t.Errorf("%s: %s differs:\noffline: %s\nkustomize: %s", dir, id, hb, wb)
+			}
+		}
+		for id := range have {
+			if _, ok := want[id]; !ok {
+				t.Errorf("%s: the offline renderer has %s, kustomize does not", dir, id)
+			}
+		}
+	}
+}
+
+// TestDocumentedOverlay builds the overlay docs/install-kind.md shows for
+// other clusters (its own image, an external PostgreSQL) with real
+// kustomize where kubectl is installed.
+func TestDocumentedOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not on PATH")
+	}
+	raw, err := os.ReadFile("../../docs/install-kind.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k strings.Builder
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		if strings.HasPrefix(m[1], "apiVersion: kustomize.config.k8s.io/") || strings.HasPrefix(m[1], "patches:") {
+			k.WriteString(m[1])
+		}
+	}
+	// The overlay sits next to the repository's deploy/, as the page says.
+	dir := t.TempDir()
+	abs, err := filepath.Abs("../../deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(abs, filepath.Join(dir, "deploy")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "my-space"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "my-space", "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kubectl, "kustomize", "my-space")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize (the documented overlay):\n%s\n%v\n%s", k.String(), err, out)
+	}
+	ids := map[string]map[string]any{}
+	for _, part := range splitDocs(out) {
+		var m map[string]any
+		if err := yaml.Unmarshal(part, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m != nil {
+			ids[object{Doc: m}.id()] = m
+		}
+	}
+	for _, gone := range []string{"StatefulSet/space-postgres", "Service/space-postgres", "NetworkPolicy/space-postgres"} {
+		if _, ok := ids[gone]; ok {
+			t.Errorf("the documented overlay keeps %s", gone)
+		}
+	}
+	ds, ok := ids["DaemonSet/"+serverName]
+	if !ok {
+		t.Fatal("the documented overlay lost the server")
+	}
+	cs := lookup(ds, "spec", "template", "spec", "containers").([]any)
+	if img := lookup(cs[0], "image"); img != "registry.example.com/space:0.1.0" {
+		t.Errorf("image %v", img)
+	}
+	egress, _ := lookup(ids["NetworkPolicy/space-server"], "spec", "egress").([]any)
+	if !strings.Contains(fmt.Sprint(egress), "10.0.0.2/32") {
+		t.Error("the documented overlay does not let the servers reach the external database")
+	}
+}
