@@ -52,8 +52,11 @@ func (c *clientCLI) client() (*client.Client, error) {
 	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version)), nil
 }
 
-func (c *clientCLI) printJSON(v any) error {
-	enc := json.NewEncoder(c.out)
+func (c *clientCLI) printJSON(v any) error { return printJSONTo(c.out, v) }
+
+// printJSONTo writes v as indented JSON.
+func printJSONTo(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
@@ -64,7 +67,7 @@ func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, helpOK(err)
+			return nil, usageErr(helpOK(err))
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -86,7 +89,7 @@ func helpOK(err error) error {
 
 func wantArgs(fs *flag.FlagSet, pos []string, n int, usage string) error {
 	if len(pos) != n {
-		return fmt.Errorf("usage: space %s %s", fs.Name(), usage)
+		return usagef("usage: space %s %s", fs.Name(), usage)
 	}
 	return nil
 }
@@ -260,14 +263,20 @@ verbs:
          [--pids N] [--timeout 15m] [--wait=true]
   list   [--state running] [--metadata K=V]... [--limit N]
   get    ID
-  exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [--tty] [--stdin] [--timeout D] ID [--] CMD ARGS...
+  exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [-t|--tty] [-i|--stdin] [--timeout D] ID [--] CMD ARGS...
+         (-it ID -- sh: an interactive shell; exits with the command's exit code)
+  logs   ID [--command CID | --all]      a command's output (default: the newest), followed until it exits
+  cp     LOCAL ID:PATH | ID:PATH LOCAL   copy a file in or out ("-": stdin/stdout); progress on a terminal
+  pause  ID [--wait=true]     freeze every process; the data plane refuses calls until resume
+  resume ID [--wait=true]     resume a paused or hibernated sandbox
+  hibernate ID [--wait=true]  snapshot, release the instance; resume starts it again
   rm     ID [--wait]
 
 every verb takes --url, --api-key and --json`
 
 func runSandbox(args []string) error {
 	if len(args) == 0 {
-		return errors.New(sandboxUsage)
+		return usagef("%s", sandboxUsage)
 	}
 	switch args[0] {
 	case "create":
@@ -280,11 +289,17 @@ func runSandbox(args []string) error {
 		return sandboxExec(args[1:])
 	case "rm", "delete":
 		return sandboxRemove(args[1:])
+	case "pause", "resume", "hibernate":
+		return sandboxLifecycle(args[0], args[1:])
+	case "logs":
+		return runLogs(args[1:])
+	case "cp":
+		return sandboxCopy(args[1:])
 	case "help", "-h", "--help":
 		fmt.Println(sandboxUsage)
 		return nil
 	}
-	return fmt.Errorf("unknown sandbox verb %q\n%s", args[0], sandboxUsage)
+	return usagef("unknown sandbox verb %q\n%s", args[0], sandboxUsage)
 }
 
 func sandboxCreate(args []string) error {
@@ -356,7 +371,7 @@ func sandboxCreate(args []string) error {
 func sandboxList(args []string) error {
 	fs, cl := newClientFlags("sandbox list")
 	var states listFlag
-	fs.Var(&states, "state", "only these states (repeatable or comma-separated): creating, running, deleting, deleted, failed, lost")
+	fs.Var(&states, "state", "only these states (repeatable or comma-separated): creating, running, paused, hibernated, deleting, deleted, failed, lost")
 	meta := kvFlag{}
 	fs.Var(meta, "metadata", "only sandboxes with metadata K=V (repeatable)")
 	limit := fs.Int("limit", 0, "show at most this many (0: all)")
@@ -501,6 +516,44 @@ func sandboxRemove(args []string) error {
 	return nil
 }
 
+// execValueFlags are the exec flags that take a value (for -it splitting).
+var execValueFlags = map[string]bool{"shell": true, "env": true, "cwd": true, "user": true,
+	"timeout": true, "tag": true, "url": true, "api-key": true}
+
+// splitShortFlags expands combined one-letter exec flags (-it, -ti) among
+// the flags before the command, so `exec -it ID -- sh` works as in docker.
+func splitShortFlags(args []string) []string {
+	out := make([]string, 0, len(args)+2)
+	positional := 0
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || positional > 1 {
+			return append(out, args[i:]...)
+		}
+		switch {
+		case len(a) > 2 && a[0] == '-' && a[1] != '-' && strings.Trim(a[1:], "it") == "":
+			for _, c := range a[1:] {
+				out = append(out, "-"+string(c))
+			}
+			continue
+		case strings.HasPrefix(a, "-"):
+			name := strings.TrimLeft(a, "-")
+			if execValueFlags[name] && i+1 < len(args) {
+				out = append(out, a, args[i+1])
+				i++
+				continue
+			}
+		default:
+			positional++
+			if positional > 1 {
+				return append(out, args[i:]...)
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
 func sandboxExec(args []string) error {
 	fs, cl := newClientFlags("sandbox exec")
 	shell := fs.String("shell", "", "run this with /bin/sh -c instead of CMD ARGS")
@@ -508,26 +561,30 @@ func sandboxExec(args []string) error {
 	fs.Var(env, "env", "environment variable K=V (repeatable)")
 	cwd := fs.String("cwd", "", "working directory in the sandbox")
 	user := fs.String("user", "", "user name or uid in the sandbox")
-	tty := fs.Bool("tty", false, "run on a pseudo-terminal (the terminal is not put in raw mode)")
-	stdin := fs.Bool("stdin", false, "forward this process's stdin to the command")
+	var tty, stdin bool
+	fs.BoolVar(&tty, "tty", false, "run on a pseudo-terminal; with a terminal on stdin it is put in raw mode")
+	fs.BoolVar(&tty, "t", false, "short for --tty")
+	fs.BoolVar(&stdin, "stdin", false, "forward this process's stdin to the command")
+	fs.BoolVar(&stdin, "i", false, "short for --stdin (-it: an interactive terminal)")
 	timeout := fs.Duration("timeout", 0, "kill the command after this long (0: never)")
 	tag := fs.String("tag", "", "label shown in command listings")
 	// Flags go before or right after the id; everything after the first
 	// other word (or after --) is the command, flags included.
+	args = splitShortFlags(args)
 	if err := fs.Parse(args); err != nil {
-		return helpOK(err)
+		return usageErr(helpOK(err))
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return errors.New("usage: space sandbox exec [flags] ID [--] CMD ARGS")
+		return usagef("usage: space sandbox exec [flags] ID [--] CMD ARGS")
 	}
 	id := rest[0]
 	if err := fs.Parse(rest[1:]); err != nil {
-		return helpOK(err)
+		return usageErr(helpOK(err))
 	}
 	argv := fs.Args()
 	if (len(argv) == 0) == (*shell == "") {
-		return errors.New("give either a command after the sandbox id or --shell, not both")
+		return usagef("give either a command after the sandbox id or --shell, not both")
 	}
 	c, err := cl.client()
 	if err != nil {
@@ -540,25 +597,42 @@ func sandboxExec(args []string) error {
 		return err
 	}
 	req := client.ExecRequest{Argv: argv, Shell: *shell, Env: env, Cwd: *cwd, User: *user,
-		Stdin: *stdin, Timeout: *timeout, Tag: *tag}
-	if *tty {
+		Stdin: stdin, Timeout: *timeout, Tag: *tag}
+	if tty {
 		cols, rows := terminalSize()
 		req.PTY = &client.PTY{Cols: cols, Rows: rows}
+		if req.Env == nil {
+			req.Env = map[string]string{}
+		}
+		if _, ok := req.Env["TERM"]; !ok {
+			if term := os.Getenv("TERM"); term != "" {
+				req.Env["TERM"] = term
+			}
+		}
 	}
 	cmd, err := sc.Exec(ctx, req)
 	var ae *client.APIError
 	if errors.As(err, &ae) && ae.Code == "exec_failed" {
 		fmt.Fprintf(os.Stderr, "space: %s\n", ae.Message)
-		os.Exit(127) // as a shell does for a command it cannot run
+		return exitCode(127) // as a shell does for a command it cannot run
 	}
 	if err != nil {
 		return err
 	}
+	// Raw mode only once the command runs: keys then reach the remote
+	// terminal as bytes (Ctrl-C included), its echo is the only one.
+	if tty && stdin && isTTY(os.Stdin) {
+		restore, err := makeRaw(int(os.Stdin.Fd()))
+		if err != nil {
+			return err
+		}
+		defer restore()
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
-	go forwardSignals(ctx, cancel, sc, cmd.ID, sigs, *tty)
-	if *stdin {
+	go forwardSignals(ctx, cancel, sc, cmd.ID, sigs, tty)
+	if stdin {
 		go forwardStdin(ctx, sc, cmd.ID)
 	}
 	exit, err := sc.Stream(ctx, cmd.ID, 0, func(ev client.Event) error {
@@ -572,27 +646,77 @@ func sandboxExec(args []string) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(os.Stderr, "space: detached; command %s may still run in %s\n", cmd.ID, id)
-			signal.Stop(sigs)
-			os.Exit(130)
+			return exitCode(130)
 		}
 		return err
 	}
-	if cl.json {
-		cl.out = os.Stderr // keep the command's stdout clean
-		cl.printJSON(exit)
-	}
-	switch {
-	case exit.Error != "":
-		fmt.Fprintf(os.Stderr, "space: command failed: %s\n", exit.Error)
-	case exit.TimedOut:
-		fmt.Fprintln(os.Stderr, "space: command killed at its timeout")
-	case exit.OOMKilled:
-		fmt.Fprintln(os.Stderr, "space: command killed: out of memory")
-	}
 	signal.Stop(sigs)
 	cancel()
-	os.Exit(exitStatus(exit))
-	return nil
+	return execExit{exit: exit, json: cl.json}
+}
+
+// execExit ends `space sandbox exec` with the remote command's status; main
+// prints its notes on stderr (after the terminal is restored) and exits.
+type execExit struct {
+	exit client.Exit
+	json bool
+}
+
+func (e execExit) Error() string {
+	switch {
+	case e.exit.Error != "":
+		return "command failed: " + e.exit.Error
+	case e.exit.TimedOut:
+		return "command killed at its timeout"
+	case e.exit.OOMKilled:
+		return "command killed: out of memory"
+	}
+	return ""
+}
+
+// ExitCode is the status this process exits with.
+func (e execExit) ExitCode() int { return exitStatus(e.exit) }
+
+// report prints the exit on stderr: JSON with --json (stdout stays the
+// command's), else a note when the command did not simply exit.
+func (e execExit) report() {
+	if e.json {
+		enc := json.NewEncoder(os.Stderr)
+		enc.SetIndent("", "  ")
+		enc.Encode(e.exit)
+	}
+	if msg := e.Error(); msg != "" {
+		fmt.Fprintln(os.Stderr, "space:", msg)
+	}
+}
+
+// exitCode ends the process with a status and no message.
+type exitCode int
+
+func (e exitCode) Error() string { return "" }
+
+// ExitCode is the status this process exits with.
+func (e exitCode) ExitCode() int { return int(e) }
+
+// usageError is a mistake in how a command was called: main exits 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// ExitCode is the status this process exits with.
+func (e usageError) ExitCode() int { return 2 }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// usageErr marks a flag-parsing error as a usage error.
+func usageErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
 }
 
 // exitStatus maps a remote exit to this process's status the way a shell
@@ -686,6 +810,11 @@ const templateUsage = `usage: space template <verb> [flags]
 
 verbs:
   list
+  get    NAME
+  delete NAME                 (refused while sandboxes use it)
+  tag    NAME ALIAS           (ALIAS: name or name:tag, pointing at the same template)
+  build -f Buildfile [-t NAME[:TAG]] [DIR] [--no-context]
+        (a build file: FROM/RUN/COPY/ENV/WORKDIR/USER/START/READY; DIR is the COPY context)
   build NAME --source busybox|debian [--packages a,b] [--env K=V]... [--cwd DIR] [--user U] [--wait=true]
   build NAME --image REF [--env K=V]... [--cwd DIR] [--user U]   (pulled by the server from a registry)
   build NAME --archive PATH                  (docker-archive or OCI-layout tarball, uploaded to the server)
@@ -703,7 +832,16 @@ func runTemplate(args []string) error {
 	case "list", "ls":
 		return templateList(args[1:])
 	case "build":
+		if hasBuildfileFlag(args[1:]) {
+			return templateBuildFile(args[1:])
+		}
 		return templateBuild(args[1:])
+	case "get", "show":
+		return templateGet(args[1:])
+	case "delete", "rm":
+		return templateDelete(args[1:])
+	case "tag", "alias":
+		return templateAlias(args[1:])
 	case "help", "-h", "--help":
 		fmt.Println(templateUsage)
 		return nil
@@ -772,6 +910,13 @@ func templateBuild(args []string) error {
 	archive := fs.String("archive", "", "docker-archive or OCI-layout tarball to upload and build from")
 	dataDir := fs.String("data-dir", "/var/lib/space", "server state directory (local builds)")
 	uidBase := fs.Uint("uid-base", 100000, "host uid of root in sandboxes; must match the server (local builds)")
+	// Build-file builds take these; runTemplate hands them to
+	// templateBuildFile, they are declared here so that -h lists them.
+	fs.String("f", "", "build file (FROM/RUN/COPY/ENV/WORKDIR/USER/START/READY): space template build -f FILE [-t NAME[:TAG]] [DIR]")
+	fs.String("file", "", "same as -f")
+	fs.String("t", "", "with -f: template name, optionally NAME:TAG (default: the context directory's name)")
+	fs.String("tag", "", "same as -t")
+	fs.Bool("no-context", false, "with -f: send no build context")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -923,7 +1068,7 @@ every verb takes --url, --api-key and --json`
 
 func runOps(args []string) error {
 	if len(args) == 0 {
-		return errors.New(opsUsage)
+		return usagef("%s", opsUsage)
 	}
 	switch args[0] {
 	case "get", "show":
@@ -934,7 +1079,7 @@ func runOps(args []string) error {
 		fmt.Println(opsUsage)
 		return nil
 	}
-	return fmt.Errorf("unknown ops verb %q\n%s", args[0], opsUsage)
+	return usagef("unknown ops verb %q\n%s", args[0], opsUsage)
 }
 
 func (c *clientCLI) printOperation(op client.Operation) {

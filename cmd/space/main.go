@@ -17,11 +17,14 @@ func commands() []command {
 		{"server", "run the control API, data plane and in-process node", runServer},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
-		{"sandbox", "sandboxes: create|list|get|exec|rm", runSandbox},
+		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|pause|resume|hibernate|rm", runSandbox},
+		{"snapshot", "snapshots: create|list|get|rm|fork", runSnapshot},
+		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},
 		{"template", "templates: list|build", runTemplate},
 		{"ops", "operations: get|watch", runOps},
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
-		{"version", "print the version", func([]string) error { fmt.Println(version); return nil }},
+		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},
+		{"version", "print the version (--json: as JSON)", runVersion},
 	}
 }
 
@@ -37,13 +40,12 @@ func usage() {
 func main() {
 	if len(os.Args) < 2 {
 		usage()
-		os.Exit(2)
+		os.Exit(exitUsage)
 	}
 	for _, c := range commands() {
 		if c.name == os.Args[1] {
 			if err := c.run(os.Args[2:]); err != nil {
-				fmt.Fprintln(os.Stderr, "space:", err)
-				os.Exit(1)
+				os.Exit(reportError(err))
 			}
 			return
 		}
@@ -54,5 +56,5 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "space: unknown command %q\n", os.Args[1])
 	usage()
-	os.Exit(2)
+	os.Exit(exitUsage)
 }

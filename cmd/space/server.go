@@ -77,15 +77,16 @@ func runServer(args []string) error {
 
 func runKeys(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: space keys create|list|revoke [--data-dir DIR | --store DSN] [flags]")
+		return usagef("usage: space keys create|list|revoke [--data-dir DIR | --store DSN] [--json] [flags]")
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")
 	store := fs.String("store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN (default $SPACE_STORE, else sqlite)")
 	project := fs.String("project", "default", "project the key belongs to")
 	name := fs.String("name", "", "a label for the key")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
-		return err
+		return usageErr(helpOK(err))
 	}
 	ctx := context.Background()
 	if !server.IsPostgres(*store) {
@@ -101,9 +102,12 @@ func runKeys(args []string) error {
 	keys := auth.NewKeys(st, time.Now)
 	switch args[0] {
 	case "create":
-		_, plain, err := keys.Create(ctx, *project, *name)
+		k, plain, err := keys.Create(ctx, *project, *name)
 		if err != nil {
 			return err
+		}
+		if *asJSON {
+			return printJSONTo(os.Stdout, map[string]any{"key": k, "secret": plain})
 		}
 		fmt.Println(plain)
 		fmt.Fprintln(os.Stderr, "(shown once; only its hash is stored)")
@@ -111,6 +115,9 @@ func runKeys(args []string) error {
 		list, err := st.ListAPIKeys(ctx, "")
 		if err != nil {
 			return err
+		}
+		if *asJSON {
+			return printJSONTo(os.Stdout, map[string]any{"keys": list})
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tPROJECT\tNAME\tCREATED\tREVOKED")
@@ -124,14 +131,17 @@ func runKeys(args []string) error {
 		tw.Flush()
 	case "revoke":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("usage: space keys revoke [--data-dir DIR] KEY_ID")
+			return usagef("usage: space keys revoke [--data-dir DIR] KEY_ID")
 		}
 		if err := st.RevokeAPIKey(ctx, "", fs.Arg(0), time.Now().UTC()); err != nil {
 			return err
 		}
+		if *asJSON {
+			return printJSONTo(os.Stdout, map[string]any{"revoked": fs.Arg(0)})
+		}
 		fmt.Println("revoked", fs.Arg(0))
 	default:
-		return fmt.Errorf("unknown keys verb %q", args[0])
+		return usagef("unknown keys verb %q", args[0])
 	}
 	return nil
 }

@@ -47,6 +47,16 @@ type Options struct {
 
 	// Credentials is the egress credential store (nil: no egress gateway).
 	Credentials Credentials
+	// Info, if set, describes the node for GET /v1/info.
+	Info func() Info
+}
+
+// Info describes the node behind the server (GET /v1/info).
+type Info struct {
+	Driver       string `json:"driver"`
+	DriverReason string `json:"driver_reason,omitempty"`
+	Egress       bool   `json:"egress"`
+	Runsc        string `json:"runsc,omitempty"`
 }
 
 // Credentials stores a project's egress credentials. Secrets go in and
@@ -75,6 +85,7 @@ type route struct {
 var routes = []route{
 	{"GET", "/healthz", true, (*Server).health},
 	{"GET", "/openapi.json", true, (*Server).openapi},
+	{"GET", "/v1/info", false, (*Server).info},
 	{"POST", "/v1/sandboxes", false, (*Server).createSandbox},
 	{"GET", "/v1/sandboxes", false, (*Server).listSandboxes},
 	{"GET", "/v1/sandboxes/{id}", false, (*Server).getSandbox},
@@ -101,6 +112,9 @@ var routes = []route{
 	{"GET", "/v1/templates/{name}", false, (*Server).getTemplate},
 	{"POST", "/v1/templates", false, (*Server).buildTemplate},
 	{"POST", "/v1/templates/upload", false, (*Server).uploadTemplate},
+	{"POST", "/v1/templates/build", false, (*Server).buildTemplateFile},
+	{"DELETE", "/v1/templates/{name}", false, (*Server).deleteTemplate},
+	{"POST", "/v1/templates/{name}/alias", false, (*Server).aliasTemplate},
 	{"GET", "/v1/keys", false, (*Server).listKeys},
 	{"POST", "/v1/keys", false, (*Server).createKey},
 	{"DELETE", "/v1/keys/{id}", false, (*Server).revokeKey},
@@ -171,6 +185,15 @@ func (s *Server) authenticate(r *http.Request) (auth.Principal, error) {
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
 	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+	return nil
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	var in Info
+	if s.o.Info != nil {
+		in = s.o.Info()
+	}
+	httpx.WriteJSON(w, http.StatusOK, in)
 	return nil
 }
 

@@ -128,8 +128,11 @@ func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request, p auth.Pri
 	for i := range sbs {
 		out[i] = map[string]any{"sandbox": sbs[i], "operation": ops[i], "session": s.issue(sbs[i])}
 	}
-	body := map[string]any{"sandboxes": out,
-		"processes": "not restored: snapshots are filesystem-only on this host; each sandbox starts its processes afresh"}
+	processes := "not restored: this snapshot is filesystem-only; each sandbox starts its processes afresh"
+	if snap, gerr := s.o.Service.GetSnapshot(r.Context(), p.ProjectID, r.PathValue("id")); gerr == nil && snap.Kind == core.SnapshotKindProcess {
+		processes = "restored: each sandbox continues its own copy of the snapshot's processes where they were"
+	}
+	body := map[string]any{"sandboxes": out, "processes": processes}
 	if err != nil {
 		_, code, msg := httpx.StatusOf(err)
 		body["error"] = map[string]string{"code": code, "message": msg}

@@ -11,11 +11,25 @@ import (
 // saved as a snapshot and whose instance was destroyed (no processes,
 // cgroups or mounts left on the host). Its timeout clock is stopped, as
 // while paused. Resume starts a new instance with the same id from that
-// snapshot: files come back, processes start afresh.
+// snapshot: files come back; processes continue where the driver captured
+// them (a process snapshot, gVisor) and start afresh otherwise.
 const SandboxHibernated SandboxState = "hibernated"
 
-// hibernateProcesses is what a resume from hibernation does with processes.
-const hibernateProcesses = "not captured (filesystem-only hibernation): resume restores the files; processes that ran before start afresh"
+// hibernateProcesses is what a resume from hibernation does with
+// processes, for a filesystem and for a process snapshot.
+const (
+	hibernateProcesses         = "not captured (filesystem-only hibernation): resume restores the files; processes that ran before start afresh"
+	hibernateProcessesCaptured = "captured (process hibernation): resume continues every process where it was (on a node running the same driver; elsewhere only the files come back)"
+)
+
+// hibernationProcesses says what resuming from snapshot snapID does with
+// processes.
+func (s *Service) hibernationProcesses(ctx context.Context, projectID, snapID string) string {
+	if sn, err := s.store.GetSnapshot(ctx, projectID, snapID); err == nil && sn.Kind == SnapshotKindProcess {
+		return hibernateProcessesCaptured
+	}
+	return hibernateProcesses
+}
 
 // HibernateResult is the result of a hibernate or of a resume from
 // hibernation: the sandbox, and what happened to its processes.
@@ -47,7 +61,7 @@ func (s *Service) Hibernate(ctx context.Context, projectID, id, idemKey string) 
 	if sb.State == SandboxHibernated {
 		return s.engine.Submit(ctx, s.engine.NewOperation(projectID, "sandbox.hibernate", id), idemKey,
 			func(ctx context.Context, _ Progress) (any, error) {
-				return HibernateResult{Sandbox: sb, Processes: hibernateProcesses}, nil
+				return HibernateResult{Sandbox: sb, Processes: s.hibernationProcesses(ctx, projectID, sb.HibernatedSnapshot)}, nil
 			})
 	}
 	if sb.State != SandboxRunning && sb.State != SandboxPaused {
@@ -118,16 +132,25 @@ func (s *Service) runHibernate(ctx context.Context, sr SnapshotRuntime, pr Pause
 			return nil, err
 		}
 	}
-	progress(10, "capturing the writable layer")
+	progress(10, "capturing the writable layer (and processes where the driver can)")
 	digest, stats, err := sr.CaptureSnapshot(ctx, id, chain)
 	if err != nil {
 		return nil, err
+	}
+	processes := hibernateProcesses
+	switch {
+	case stats.ProcessDriver != "":
+		processes = hibernateProcessesCaptured
+	case stats.ProcessNotCaptured != "":
+		processes += " (the driver's checkpoint failed: " + stats.ProcessNotCaptured + ")"
 	}
 	if _, err := s.store.UpdateSnapshot(ctx, snap.ID, func(cur *Snapshot) error {
 		if cur.State != SnapshotCreating {
 			return fmt.Errorf("snapshot became %s: %w", cur.State, ErrConflict)
 		}
 		cur.State, cur.Manifest, cur.Stats, cur.UpdatedAt = SnapshotReady, digest, &stats, s.opts.Now().UTC()
+		cur.setKind(stats)
+		cur.Processes = processes
 		return nil
 	}); err != nil {
 		return nil, err
@@ -159,7 +182,7 @@ func (s *Service) runHibernate(ctx context.Context, sr SnapshotRuntime, pr Pause
 		s.opts.Logf("sandbox %s: destroy after hibernate (the start-up sweep retries): %v", id, err)
 	}
 	s.publishState(ctx, updated)
-	return HibernateResult{Sandbox: updated, Processes: hibernateProcesses}, nil
+	return HibernateResult{Sandbox: updated, Processes: processes}, nil
 }
 
 // wake is Resume for a hibernated sandbox: a new instance with the same id
@@ -189,6 +212,7 @@ func (s *Service) wake(ctx context.Context, projectID, id, idemKey string) (Oper
 		if err != nil {
 			return nil, err
 		}
+		processes := s.hibernationProcesses(ctx, projectID, cur.HibernatedSnapshot)
 		progress(10, "restoring the writable layer")
 		pl, err := sr.StartSandboxFromSnapshot(ctx, cur, chain, progress)
 		if err != nil {
@@ -214,7 +238,7 @@ func (s *Service) wake(ctx context.Context, projectID, id, idemKey string) (Oper
 			return nil, err
 		}
 		s.publishState(ctx, updated)
-		return HibernateResult{Sandbox: updated, Processes: hibernateProcesses}, nil
+		return HibernateResult{Sandbox: updated, Processes: processes}, nil
 	})
 }
 

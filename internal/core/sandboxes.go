@@ -73,7 +73,7 @@ const (
 )
 
 var (
-	templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$`)
 	envKeyRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,255}$`)
 	metaKeyRE      = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,64}$`)
 	sandboxIDRE    = regexp.MustCompile(`^sbx-[0-9a-f]{16}$`)

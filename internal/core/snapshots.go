@@ -23,9 +23,30 @@ const (
 	SnapshotFailed   SnapshotState = "failed"
 )
 
-// SnapshotKindFilesystem is the only kind so far: the writable layer, not
-// processes or memory. A restore or fork starts the sandbox's processes afresh.
+// SnapshotKindFilesystem is the writable layer, not processes or memory. A
+// restore or fork starts the sandbox's processes afresh.
 const SnapshotKindFilesystem = "filesystem"
+
+// SnapshotKindProcess is the writable layer plus every process with its
+// memory (a driver checkpoint, gVisor's): a restore or fork continues them
+// where they were. The driver decides at capture time which kind it is.
+const SnapshotKindProcess = "process"
+
+// What a restore does with processes, by kind.
+const (
+	processesNotCaptured = "not captured: a restore or fork starts the sandbox's processes afresh"
+	processesCaptured    = "captured: a restore or fork continues every process where it was (same pids, memory and open files; connections to the outside are broken)"
+)
+
+// setKind records what a capture's stats say it captured.
+func (sn *Snapshot) setKind(stats SnapshotStats) {
+	switch {
+	case stats.ProcessDriver != "":
+		sn.Kind, sn.Processes = SnapshotKindProcess, processesCaptured
+	case stats.ProcessNotCaptured != "":
+		sn.Processes = "not captured (the driver's checkpoint failed: " + stats.ProcessNotCaptured + "): a restore or fork starts the sandbox's processes afresh"
+	}
+}
 
 // Snapshot is the persisted record of one snapshot. Its content (a manifest
 // of changes since ParentID, and chunks) lives in the node's snapshot store.
@@ -59,6 +80,18 @@ type SnapshotStats struct {
 	// BytesStored is what this snapshot added to the store.
 	BytesStored int64 `json:"bytes_stored"`
 	FrozenMS    int64 `json:"frozen_ms"`
+	// A process snapshot's checkpoint (kind "process"): the driver that
+	// wrote it, how long it took and the image it stored (files, size,
+	// new chunks and their bytes, also counted in BytesStored).
+	ProcessDriver     string `json:"process_driver,omitempty"`
+	CheckpointMS      int64  `json:"checkpoint_ms,omitempty"`
+	ProcessImageFiles int    `json:"process_image_files,omitempty"`
+	ProcessImageBytes int64  `json:"process_image_bytes,omitempty"`
+	ProcessNewChunks  int    `json:"process_new_chunks,omitempty"`
+	ProcessChunkBytes int64  `json:"process_chunk_bytes,omitempty"`
+	// ProcessNotCaptured is why a driver that checkpoints processes did
+	// not (its checkpoint failed): the snapshot holds the files only.
+	ProcessNotCaptured string `json:"process_not_captured,omitempty"`
 }
 
 // SnapshotFilter selects snapshots in ListSnapshots.
@@ -267,8 +300,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idem
 	}
 	now := s.opts.Now().UTC()
 	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Template: sb.Template,
-		State: SnapshotCreating, Kind: SnapshotKindFilesystem,
-		Processes: "not captured: a restore or fork starts the sandbox's processes afresh",
+		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: processesNotCaptured,
 		CreatedAt: now, UpdatedAt: now}
 	op := s.engine.NewOperation(projectID, "snapshot.create", snap.ID)
 	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
@@ -317,7 +349,7 @@ func (s *Service) runSnapshot(ctx context.Context, sr SnapshotRuntime, snap Snap
 			return snap, err
 		}
 	}
-	progress(10, "capturing the writable layer")
+	progress(10, "capturing the writable layer (and processes where the driver can)")
 	digest, stats, err := sr.CaptureSnapshot(ctx, sb.ID, chain)
 	if err != nil {
 		return snap, err
@@ -328,6 +360,7 @@ func (s *Service) runSnapshot(ctx context.Context, sr SnapshotRuntime, snap Snap
 			return fmt.Errorf("snapshot became %s: %w", cur.State, ErrConflict)
 		}
 		cur.State, cur.Manifest, cur.Stats, cur.UpdatedAt = SnapshotReady, digest, &stats, s.opts.Now().UTC()
+		cur.setKind(stats)
 		return nil
 	})
 }
@@ -447,7 +480,8 @@ func (s *Service) CollectSnapshots(ctx context.Context) (any, error) {
 
 // Fork starts count new sandboxes from a ready snapshot, each with its own
 // id, writable layer, session and create operation. The source keeps
-// running. Processes are not part of the snapshot: each fork starts afresh.
+// running. Processes come back only from a process snapshot (each fork
+// gets its own copy of them); otherwise each fork starts afresh.
 func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRequest, idemKey string) ([]Sandbox, []Operation, error) {
 	if _, err := s.snapshotRuntime(); err != nil {
 		return nil, nil, err

@@ -8,7 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/space-sandbox/space/internal/egress/policy"
 )
 
 // Sentinel errors; the API edge maps them to HTTP status codes.
@@ -85,8 +88,11 @@ type Sandbox struct {
 // rules in Allow; "*.name" matches proper subdomains) or "open" (any
 // public address, never an internal one).
 type NetworkPolicy struct {
-	Mode  string   `json:"mode"`
-	Allow []string `json:"allow,omitempty"`
+	Mode string `json:"mode"`
+	// Allow holds rules as strings ("host[:ports][ METHODS][ PATHS]") or,
+	// on input, as objects ({"host", "ports", "methods", "paths"}); both
+	// are stored and returned in canonical string form.
+	Allow AllowRules `json:"allow,omitempty"`
 	// Presets name registry presets ("debian", "pypi", "npm", "goproxy");
 	// validation expands them into read-only Allow rules and clears this
 	// field, so a stored policy always shows its rules.
@@ -231,7 +237,8 @@ type TemplateInfo struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	User      string            `json:"user,omitempty"`
-	Cmd       []string          `json:"cmd,omitempty"` // start command from an image (entrypoint + cmd)
+	Cmd       []string          `json:"cmd,omitempty"`   // start command from an image (entrypoint + cmd)
+	Ready     []string          `json:"ready,omitempty"` // ready check (a build file's READY)
 	CreatedAt time.Time         `json:"created_at"`
 }
 
@@ -256,4 +263,26 @@ type Templates interface {
 	ListTemplates(ctx context.Context) ([]TemplateInfo, error)
 	GetTemplate(ctx context.Context, name string) (TemplateInfo, error)
 	BuildTemplate(ctx context.Context, req TemplateBuildRequest, progress Progress) (TemplateInfo, error)
+}
+
+// AllowRules is a policy's allow list. It decodes each element from a JSON
+// string or a rule object (policy.RuleObject) into the string form.
+type AllowRules []string
+
+// UnmarshalJSON accepts strings and rule objects.
+func (a *AllowRules) UnmarshalJSON(b []byte) error {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	out := make(AllowRules, 0, len(raw))
+	for _, r := range raw {
+		s, err := policy.DecodeRule(r)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		out = append(out, s)
+	}
+	*a = out
+	return nil
 }

@@ -125,3 +125,26 @@ func As[T any](inst Instance) (T, bool) {
 	var zero T
 	return zero, false
 }
+
+// Checkpointer is implemented by instances that can save every process of
+// the sandbox with its memory (gVisor's checkpoint, a VM's memory and
+// device state) as files in a directory. Checkpoint pauses the sandbox if
+// it runs and leaves it paused and alive, so that the caller reads the
+// writable layer of the same moment (LayerInstance) and then resumes it
+// (Pauser) or destroys it. An instance without a LayerInstance puts its
+// writable disk in dir too: the node stores dir as the whole snapshot.
+// dir is an empty directory the caller owns; the node stores every
+// regular file below it (no links or special files).
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, dir string) error
+}
+
+// Restorer is implemented by drivers that start a sandbox from a
+// Checkpointer's directory: its processes continue where they were.
+// spec.InitLayer must fill the writable layer with the files of the
+// checkpointed moment; spec.ID may differ from the checkpointed sandbox's
+// (a fork), and one directory may be restored any number of times. The
+// directory is only read and may be removed once Restore returns.
+type Restorer interface {
+	Restore(ctx context.Context, spec Spec, dir string) (Instance, error)
+}

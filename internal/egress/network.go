@@ -54,6 +54,21 @@ func (n *Network) Setup(ctx context.Context, id string, pid int) error {
 	return nil
 }
 
+// SetupPath is Setup for a sandbox whose network namespace is the nsfs
+// file nsPath rather than a process's (the gvisor driver makes the netns
+// before runsc starts, so the rules exist before the sandbox does).
+func (n *Network) SetupPath(ctx context.Context, id, nsPath string) error {
+	l, err := n.Links.SetupPath(ctx, id, nsPath)
+	if err != nil {
+		return err
+	}
+	if err := n.GW.Attach(id, l.Host); err != nil {
+		n.Links.Release(id)
+		return err
+	}
+	return nil
+}
+
 // Release removes a sandbox's gateway state and rules.
 func (n *Network) Release(id string) {
 	n.GW.Detach(id)
@@ -84,6 +99,9 @@ func (n *Network) Close() { n.GW.Close() }
 // instance is destroyed or fails to start, re-adopted on Attach and swept
 // with the driver's own leftovers.
 func (n *Network) WrapDriver(d driver.Driver) driver.Driver { return &netDriver{Driver: d, n: n} }
+
+// Unwrap returns the wrapped driver.
+func (d *netDriver) Unwrap() driver.Driver { return d.Driver }
 
 type netDriver struct {
 	driver.Driver
@@ -135,4 +153,19 @@ func (i *netInstance) Destroy(ctx context.Context) error {
 	err := i.Instance.Destroy(ctx)
 	i.n.Release(i.ID())
 	return err
+}
+
+// Restore implements driver.Restorer (process snapshots) for a wrapped
+// driver that has it, with the network handled as in Create.
+func (d *netDriver) Restore(ctx context.Context, spec driver.Spec, dir string) (driver.Instance, error) {
+	r, ok := d.Driver.(driver.Restorer)
+	if !ok {
+		return nil, fmt.Errorf("driver %s cannot restore process snapshots: %w", d.Name(), driver.ErrUnsupported)
+	}
+	inst, err := r.Restore(ctx, spec, dir)
+	if err != nil {
+		d.n.Release(spec.ID)
+		return nil, err
+	}
+	return &netInstance{Instance: inst, n: d.n}, nil
 }

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
-	"runtime"
 	"strconv"
 	"sync"
 
@@ -168,7 +167,17 @@ func (m *Manager) Get(id string) (*Link, bool) {
 
 // Setup gives the sandbox whose PID 1 is pid its network and rules. The
 // rules are in place when it returns; on error nothing is left behind.
-func (m *Manager) Setup(ctx context.Context, id string, pid int) (_ *Link, err error) {
+func (m *Manager) Setup(ctx context.Context, id string, pid int) (*Link, error) {
+	ns, err := vns.GetFromPid(pid)
+	if err != nil {
+		return nil, fmt.Errorf("netns: sandbox netns: %w", err)
+	}
+	defer ns.Close()
+	return m.setupIn(ctx, id, ns)
+}
+
+// setupIn is Setup for the network namespace ns.
+func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *Link, err error) {
 	l, err := m.alloc(id)
 	if err != nil {
 		return nil, err
@@ -181,7 +190,7 @@ func (m *Manager) Setup(ctx context.Context, id string, pid int) (_ *Link, err e
 	}()
 	// IPv6 off inside before the peer exists, so it never even sends
 	// router solicitations (the host drops v6 regardless).
-	if err := inNetns(pid, func() error {
+	if err := inNetnsHandle(ns, func() error {
 		for _, k := range []string{"all", "default"} {
 			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
@@ -194,7 +203,7 @@ func (m *Manager) Setup(ctx context.Context, id string, pid int) (_ *Link, err e
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: l.HostIf, Alias: id, MTU: 1500},
 		PeerName:      m.cfg.GuestIf,
-		PeerNamespace: netlink.NsPid(pid),
+		PeerNamespace: netlink.NsFd(int(ns)),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if !errors.Is(err, unix.EEXIST) {
@@ -215,14 +224,24 @@ func (m *Manager) Setup(ctx context.Context, id string, pid int) (_ *Link, err e
 	if err := netlink.LinkSetAlias(host, id); err != nil {
 		return nil, fmt.Errorf("netns: alias: %w", err)
 	}
-	for k, v := range map[string]string{
-		"ipv6/conf/" + l.HostIf + "/disable_ipv6":   "1",
-		"ipv4/conf/" + l.HostIf + "/rp_filter":      "1",
-		"ipv4/conf/" + l.HostIf + "/proxy_arp":      "0",
-		"ipv4/conf/" + l.HostIf + "/send_redirects": "0",
+	// IPv6 on the host end is enabled but addressless (addr_gen_mode 1: no
+	// link-local, no RA/autoconf, no forwarding): a sandbox that turns
+	// IPv6 back on reaches nothing, and its packets get as far as the
+	// prerouting hook, where the pre chain drops and counts them
+	// (v6_drop). With disable_ipv6=1 the kernel would discard them before
+	// any hook, unseen (R3, R19). Order matters: addr_gen_mode first.
+	for _, kv := range [][2]string{
+		{"ipv6/conf/" + l.HostIf + "/addr_gen_mode", "1"},
+		{"ipv6/conf/" + l.HostIf + "/accept_ra", "0"},
+		{"ipv6/conf/" + l.HostIf + "/autoconf", "0"},
+		{"ipv6/conf/" + l.HostIf + "/forwarding", "0"},
+		{"ipv6/conf/" + l.HostIf + "/disable_ipv6", "0"},
+		{"ipv4/conf/" + l.HostIf + "/rp_filter", "1"},
+		{"ipv4/conf/" + l.HostIf + "/proxy_arp", "0"},
+		{"ipv4/conf/" + l.HostIf + "/send_redirects", "0"},
 	} {
-		if err := os.WriteFile("/proc/sys/net/"+k, []byte(v), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("netns: sysctl %s: %w", k, err)
+		if err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("netns: sysctl %s: %w", kv[0], err)
 		}
 	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(l.Host, 30)}); err != nil {
@@ -243,11 +262,6 @@ func (m *Manager) Setup(ctx context.Context, id string, pid int) (_ *Link, err e
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("netns: %w", err)
 	}
-	ns, err := vns.GetFromPid(pid)
-	if err != nil {
-		return nil, fmt.Errorf("netns: sandbox netns: %w", err)
-	}
-	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return nil, fmt.Errorf("netns: %w", err)
@@ -278,30 +292,12 @@ func ipnet(a netip.Addr, bits int) *net.IPNet {
 
 // inNetns runs fn on a thread that has joined pid's network namespace.
 func inNetns(pid int, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := vns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
 	target, err := vns.GetFromPid(pid)
 	if err != nil {
-		runtime.UnlockOSThread()
 		return err
 	}
 	defer target.Close()
-	if err := vns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := vns.Set(orig); err != nil {
-		// Leave the thread locked: the runtime discards it when the goroutine ends.
-		return fmt.Errorf("return to host netns: %w", err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return inNetnsHandle(target, fn)
 }
 
 // cleanup removes a link's rules and, if asked, its host veth (which

@@ -202,12 +202,14 @@ func (n *Node) HasTemplate(ctx context.Context, name string) error {
 
 // StartSandbox implements core.Runtime.
 func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
-	return n.startSandbox(ctx, sb, progress, nil)
+	return n.startSandbox(ctx, sb, progress, nil, nil)
 }
 
 // startSandbox starts sb; initLayer, if set, fills its writable layer
-// first (a restore), which rules out a warm-pool instance.
-func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress, initLayer func(context.Context, driver.Layer) error) (core.Placement, error) {
+// first (a restore), which rules out a warm-pool instance. restore, if
+// set, replaces the driver's Create (a process snapshot's restore).
+func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress, initLayer func(context.Context, driver.Layer) error,
+	restore func(context.Context, driver.Spec) (driver.Instance, error)) (core.Placement, error) {
 	tpl, err := n.o.Templates.Get(sb.Template)
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
@@ -224,7 +226,11 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 		}
 		progress(50, "claimed a warm sandbox")
 	} else {
-		inst, err = n.o.Driver.Create(ctx, driver.Spec{
+		create := n.o.Driver.Create
+		if restore != nil {
+			create = restore
+		}
+		inst, err = create(ctx, driver.Spec{
 			ID: sb.ID, Hostname: "sandbox", RootfsDir: tpl.RootfsDir, Limits: driverLimits(sb.Limits),
 			InitLayer: initLayer,
 		})
@@ -254,6 +260,10 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	if err := h.Agent.SetConfig(ctx, cfg); err != nil {
 		h.destroy(context.WithoutCancel(ctx))
 		return core.Placement{}, fmt.Errorf("configure agent: %w", err)
+	}
+	if restore != nil {
+		// Commands that ran at the checkpoint run on: record their output.
+		n.followRestored(ctx, h)
 	}
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = h
@@ -494,6 +504,7 @@ type Sandbox struct {
 	wg   sync.WaitGroup
 
 	paused atomic.Bool // frozen: the data plane is refused
+	gone   atomic.Bool // being destroyed: readers stop retrying
 	// lastActive is when the data plane last used the sandbox or a
 	// command of it ended (unix ns), for auto-pause.
 	lastActive atomic.Int64
@@ -510,6 +521,7 @@ func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbo
 func (s *Sandbox) Timing() driver.Timing { return s.inst.Timing() }
 
 func (s *Sandbox) destroy(ctx context.Context) error {
+	s.gone.Store(true)
 	err := s.inst.Destroy(ctx)
 	s.closeLogs()
 	s.wg.Wait()
@@ -633,6 +645,11 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 				break
 			}
 			time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+			if s.paused.Load() && !s.gone.Load() {
+				// A checkpoint of a paused sandbox released the agent's
+				// listener; it listens again once resumed.
+				attempt = min(attempt, 2) - 1
+			}
 			continue
 		}
 		for {

@@ -3,10 +3,14 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/snapshot"
 )
 
 // sandbox returns a sandbox of this node whether or not it is paused.
@@ -78,61 +82,213 @@ func (n *Node) ResumeSandbox(ctx context.Context, id string) error {
 
 // CaptureSnapshot implements core.SnapshotRuntime: the sandbox is frozen
 // (if it is not paused already) while its writable layer is read, and
-// continues afterwards.
+// continues afterwards. Where the instance can checkpoint its processes
+// and the driver restore them (gVisor, a VM), the checkpoint image is
+// stored in the same manifest, taken in the same frozen moment as the
+// layer (or alone, where the checkpoint holds the disk).
 func (n *Node) CaptureSnapshot(ctx context.Context, id string, chain []string) (string, core.SnapshotStats, error) {
 	var stats core.SnapshotStats
 	h, err := n.sandbox(id)
 	if err != nil {
 		return "", stats, err
 	}
-	li, ok := driver.As[driver.LayerInstance](h.inst)
-	if !ok {
+	cp, canCheckpoint := n.checkpointer(h)
+	// A driver whose checkpoint holds the disk (a VM) has no host-side
+	// layer: its snapshots are the checkpoint alone (layer.Dir "").
+	var layer driver.Layer
+	if li, ok := driver.As[driver.LayerInstance](h.inst); ok {
+		if layer, err = li.WritableLayer(); err != nil {
+			return "", stats, err
+		}
+	} else if !canCheckpoint {
 		return "", stats, fmt.Errorf("driver has no host-side writable layer to snapshot: %w", core.ErrUnavailable)
-	}
-	layer, err := li.WritableLayer()
-	if err != nil {
-		return "", stats, err
 	}
 	parent, err := n.snaps.LoadState(ctx, chain)
 	if err != nil {
 		return "", stats, fmt.Errorf("load parent snapshot: %w", err)
 	}
-	wasPaused := h.paused.Load()
-	t0 := time.Now()
-	if !wasPaused {
-		if err := n.freeze(ctx, h); err != nil {
-			return "", stats, err
-		}
-		defer func() {
-			if err := n.thaw(context.WithoutCancel(ctx), h); err != nil {
-				n.o.Logf("sandbox %s: thaw after snapshot: %v", id, err)
-			}
-		}()
+	var res snapshot.Result
+	if canCheckpoint {
+		res, err = n.captureProcess(ctx, h, cp, layer, parent, &stats)
+	} else {
+		t0 := time.Now()
+		res, err = n.captureLayer(ctx, h, layer, parent)
+		stats.FrozenMS = time.Since(t0).Milliseconds()
 	}
-	res, err := n.snaps.Capture(ctx, layer, parent)
-	stats.FrozenMS = time.Since(t0).Milliseconds()
 	if err != nil {
 		return "", stats, err
 	}
 	stats.Entries, stats.Changed, stats.Removed, stats.Skipped = res.Entries, res.Changed, res.Removed, res.Skipped
 	stats.LogicalBytes, stats.BytesRead, stats.NewChunks = res.LogicalBytes, res.BytesRead, res.NewChunks
 	stats.ChunkBytes, stats.ManifestBytes, stats.BytesStored = res.ChunkBytes, res.ManifestBytes, res.BytesStored
+	stats.ProcessImageFiles, stats.ProcessImageBytes = res.ImageFiles, res.ImageBytes
+	stats.ProcessNewChunks, stats.ProcessChunkBytes = res.ImageNewChunks, res.ImageChunkBytes
 	return res.Manifest, stats, nil
 }
 
-// StartSandboxFromSnapshot implements core.SnapshotRuntime.
+// checkpointer returns h's Checkpointer when this node's driver can also
+// restore what it writes.
+func (n *Node) checkpointer(h *Sandbox) (driver.Checkpointer, bool) {
+	cp, ok := driver.As[driver.Checkpointer](h.inst)
+	if !ok {
+		return nil, false
+	}
+	_, ok = n.o.Driver.(driver.Restorer)
+	return cp, ok
+}
+
+// captureLayer reads the writable layer with the sandbox frozen.
+func (n *Node) captureLayer(ctx context.Context, h *Sandbox, layer driver.Layer, parent snapshot.State) (snapshot.Result, error) {
+	if !h.paused.Load() {
+		if err := n.freeze(ctx, h); err != nil {
+			return snapshot.Result{}, err
+		}
+		defer func() {
+			if err := n.thaw(context.WithoutCancel(ctx), h); err != nil {
+				n.o.Logf("sandbox %s: thaw after snapshot: %v", h.ID, err)
+			}
+		}()
+	}
+	return n.snaps.Capture(ctx, layer, parent)
+}
+
+// captureProcess checkpoints h into a temp dir (the instance is left
+// paused), reads the layer of that same moment, resumes h unless it was
+// paused before, and stores the image.
+func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpointer, layer driver.Layer, parent snapshot.State, stats *core.SnapshotStats) (snapshot.Result, error) {
+	dir, err := n.snaps.TempDir()
+	if err != nil {
+		return snapshot.Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	wasPaused := h.paused.Load()
+	// The data plane is refused from here: the agent stops listening.
+	h.paused.Store(true)
+	var once sync.Once
+	t0 := time.Now()
+	release := func() {
+		once.Do(func() {
+			bg := context.WithoutCancel(ctx)
+			defer func() { stats.FrozenMS = time.Since(t0).Milliseconds() }()
+			if wasPaused {
+				if err := n.freeze(bg, h); err != nil { // idempotent: it stays paused
+					n.o.Logf("sandbox %s: pause after snapshot: %v", h.ID, err)
+				}
+				return
+			}
+			if err := n.thaw(bg, h); err != nil {
+				n.o.Logf("sandbox %s: resume after snapshot: %v", h.ID, err)
+			}
+		})
+	}
+	defer func() {
+		release()
+		if !wasPaused {
+			n.waitAgent(context.WithoutCancel(ctx), h)
+		}
+	}()
+	if err := cp.Checkpoint(ctx, dir); err != nil {
+		if ctx.Err() != nil {
+			return snapshot.Result{}, fmt.Errorf("checkpoint processes: %w", err)
+		}
+		// Something in the sandbox cannot be saved (e.g. a socket of its
+		// own bound on the host): the files still make a snapshot, and
+		// the record says why the processes are not in it.
+		if layer.Dir == "" {
+			return snapshot.Result{}, fmt.Errorf("checkpoint: %w", err)
+		}
+		n.o.Logf("sandbox %s: checkpoint failed, snapshot without processes: %v", h.ID, err)
+		stats.ProcessNotCaptured = truncate(err.Error(), 512)
+		if ferr := n.freeze(ctx, h); ferr != nil {
+			return snapshot.Result{}, fmt.Errorf("checkpoint processes: %w; freeze: %w", err, ferr)
+		}
+		return n.snaps.Capture(ctx, layer, parent)
+	}
+	stats.CheckpointMS = time.Since(t0).Milliseconds()
+	stats.ProcessDriver = n.o.Driver.Name()
+	// The sandbox may run again once its layer is read: the image is
+	// files of the past moment already.
+	return n.snaps.CaptureProcess(ctx, layer, parent, snapshot.ImageSource{Dir: dir, Driver: n.o.Driver.Name(), LayerDone: release})
+}
+
+// truncate bounds a message recorded in a snapshot.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
+// waitAgent waits (briefly) until h's agent accepts connections again
+// after a checkpoint released its listener, so the first data-plane call
+// after the snapshot does not fail.
+func (n *Node) waitAgent(ctx context.Context, h *Sandbox) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if c, err := h.inst.Dial(ctx); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	n.o.Logf("sandbox %s: agent not listening 5 s after a snapshot", h.ID)
+}
+
+// StartSandboxFromSnapshot implements core.SnapshotRuntime. A snapshot
+// with a process image of this node's driver is restored with it: the
+// processes continue where they were. On another driver only the files
+// come back (the progress message says so).
 func (n *Node) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
-	st, err := n.snaps.LoadState(ctx, chain)
+	st, img, err := n.snaps.LoadChain(ctx, chain)
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("load snapshot: %w", err)
 	}
-	return n.startSandbox(ctx, sb, progress, func(ctx context.Context, l driver.Layer) error {
+	initLayer := func(ctx context.Context, l driver.Layer) error {
 		res, err := n.snaps.Materialize(ctx, st, l)
 		if err == nil {
 			progress(40, fmt.Sprintf("restored %d files (%d bytes)", res.Entries, res.Bytes))
 		}
 		return err
-	})
+	}
+	var restore func(context.Context, driver.Spec) (driver.Instance, error)
+	if img != nil {
+		r, ok := n.o.Driver.(driver.Restorer)
+		if !ok || img.Driver != n.o.Driver.Name() {
+			n.o.Logf("sandbox %s: snapshot has %s processes; driver %s restores its files only", sb.ID, img.Driver, n.o.Driver.Name())
+			progress(15, fmt.Sprintf("processes were captured by driver %s, this node runs %s: restoring files only", img.Driver, n.o.Driver.Name()))
+		} else {
+			restore = func(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
+				dir, err := n.snaps.TempDir()
+				if err != nil {
+					return nil, err
+				}
+				defer os.RemoveAll(dir)
+				size, err := n.snaps.MaterializeImage(ctx, img, dir)
+				if err != nil {
+					return nil, fmt.Errorf("process image: %w", err)
+				}
+				progress(50, fmt.Sprintf("restoring processes (%d-byte image)", size))
+				return r.Restore(ctx, spec, dir)
+			}
+		}
+	}
+	return n.startSandbox(ctx, sb, progress, initLayer, restore)
+}
+
+// followRestored records the output of the commands a restored agent
+// still runs (or retains), as AdoptSandbox does after a restart.
+func (n *Node) followRestored(ctx context.Context, h *Sandbox) {
+	procs, err := h.Agent.List(ctx)
+	if err != nil {
+		n.o.Logf("sandbox %s: list restored commands: %v", h.ID, err)
+		return
+	}
+	for _, p := range procs {
+		if err := h.follow(p); err != nil {
+			n.o.Logf("sandbox %s: follow restored command %s: %v", h.ID, p.ID, err)
+		}
+	}
 }
 
 // CollectSnapshots implements core.SnapshotRuntime.

@@ -19,6 +19,7 @@ import (
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/egress/credstore"
 	"github.com/space-sandbox/space/internal/egress/policy"
+	"github.com/space-sandbox/space/internal/node"
 )
 
 // Where a sandbox's TLS-termination CA is installed, through its agent.
@@ -128,8 +129,46 @@ func (r *egressRuntime) installCA(ctx context.Context, sandboxID, instID string)
 	if err := h.Agent.Upload(ctx, caLocal, 0o644, bytes.NewReader(pemCA)); err != nil {
 		return fmt.Errorf("write %s: %w", caLocal, err)
 	}
+	return r.installResolver(ctx, h, instID)
+}
+
+// installResolver gives a sandbox whose /etc/resolv.conf names no
+// nameserver (templates built without one; glibc would then ask
+// 127.0.0.1 inside the sandbox and never reach the gateway) its gateway
+// address as resolver, through the agent. A file that names any
+// nameserver is left alone: port 53 anywhere is redirected to the gateway
+// resolver by the host rules (R5) whatever it says.
+func (r *egressRuntime) installResolver(ctx context.Context, h *node.Sandbox, instID string) error {
+	l, ok := r.net.Links.Get(instID)
+	if !ok {
+		return nil
+	}
+	var cur []byte
+	rc, _, err := h.Agent.Download(ctx, resolvConf)
+	switch {
+	case err == nil:
+		cur, err = io.ReadAll(io.LimitReader(rc, 64<<10))
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", resolvConf, err)
+		}
+	case client.IsNotFound(err):
+	default:
+		return fmt.Errorf("read %s: %w", resolvConf, err)
+	}
+	for _, line := range strings.Split(string(cur), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "nameserver" {
+			return nil
+		}
+	}
+	conf := fmt.Sprintf("%s# nameserver added by the SPACE egress gateway: the sandbox's gateway resolver\nnameserver %s\n", cur, l.Host)
+	if err := h.Agent.Upload(ctx, resolvConf, 0o644, strings.NewReader(conf)); err != nil {
+		return fmt.Errorf("write %s: %w", resolvConf, err)
+	}
 	return nil
 }
+
+const resolvConf = "/etc/resolv.conf"
 
 // stripManaged removes a CA block an earlier install added.
 func stripManaged(b []byte) []byte {

@@ -119,8 +119,9 @@ type Server struct {
 	wg         sync.WaitGroup
 }
 
-// pickDriver chooses the strongest driver this host supports and says why.
-func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
+// pickDriver chooses the strongest driver this host supports and says why
+// (the log and GET /v1/info).
+func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, string, error) {
 	want := cfg.Driver
 	if want == "" || want == "auto" {
 		reason := "no /dev/kvm (firecracker, qemu+KVM unavailable)"
@@ -133,7 +134,7 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 			switch d, err := newFirecracker(cfg, logf, network); {
 			case err == nil:
 				logf("driver: firecracker (%s)", reason)
-				return d, nil
+				return d, reason, nil
 			default:
 				reason += "; firecracker unavailable: " + err.Error()
 			}
@@ -141,7 +142,7 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 			switch d, err := newQEMU(cfg, logf, network); {
 			case err == nil:
 				logf("driver: qemu with KVM (%s)", reason)
-				return d, nil
+				return d, reason, nil
 			default:
 				reason += "; qemu unavailable: " + err.Error()
 			}
@@ -150,69 +151,110 @@ func pickDriver(cfg Config, logf func(string, ...any), network *egress.Network) 
 		switch runsc, err := gvisor.FindRunsc(cfg.Runsc); {
 		case err != nil:
 			reason += "; gvisor unavailable: " + err.Error()
-		case network != nil:
-			reason += "; runsc found at " + runsc + ", but the gvisor driver has no egress network yet"
 		default:
-			d, err := newGvisor(cfg, logf)
+			// A runsc that answers --version may still be unable to run a
+			// sandbox here (platform, user namespaces, cgroups): auto only
+			// picks gvisor after one throwaway sandbox ran.
+			d, err := newGvisor(cfg, logf, network, true)
 			if err == nil {
-				logf("driver: gvisor (%s; runsc found at %s)", reason, runsc)
-				return d, nil
+				nw := "no sandbox network"
+				if network != nil {
+					nw = "egress network over runsc --network=sandbox"
+				}
+				reason = fmt.Sprintf("%s; runsc at %s passed a self-test; %s", reason, runsc, nw)
+				logf("driver: gvisor (%s)", reason)
+				return d, reason, nil
 			}
-			reason += "; gvisor failed its checks: " + err.Error()
+			reason += "; gvisor failed its self-test: " + err.Error()
 		}
 		logf("driver: namespace (%s)", reason)
+		d, err := newNamespace(cfg, logf, network)
+		return d, reason, err
 	}
+	reason := "asked for with --driver " + want
+	var d driver.Driver
+	var err error
 	switch want {
 	case "gvisor":
-		if network != nil {
-			return nil, errors.New("driver gvisor: egress networks are not supported by this driver yet")
-		}
-		return newGvisor(cfg, logf)
+		d, err = newGvisor(cfg, logf, network, false)
 	case "qemu":
-		return newQEMU(cfg, logf, network)
+		d, err = newQEMU(cfg, logf, network)
 	case "firecracker":
-		return newFirecracker(cfg, logf, network)
+		d, err = newFirecracker(cfg, logf, network)
 	case "namespace":
-		var hook func(ctx context.Context, id string, pid int) error
-		if network != nil {
-			hook = network.Setup
-		}
-		d, err := namespace.New(namespace.Options{
-			CgroupBase: cgroupBase(cfg.DataDir),
-			StateDir:   filepath.Join(cfg.DataDir, "sandboxes"),
-			RunDir:     cfg.RunDir,
-			AgentPath:  cfg.AgentPath,
-			UIDBase:    cfg.UIDBase,
-			UIDCount:   65536,
-			DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-				CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
-			Network: hook,
-			Logf:    logf,
-		})
-		if err != nil || network == nil {
-			return d, err
-		}
-		return network.WrapDriver(d), nil
+		d, err = newNamespace(cfg, logf, network)
 	default:
-		return nil, fmt.Errorf("driver %q is not available on this build/host", want)
+		err = fmt.Errorf("driver %q is not available on this build/host", want)
 	}
+	return d, reason, err
+}
+
+// gvisorOf finds the gvisor driver in d or the drivers it wraps.
+func gvisorOf(d driver.Driver) (*gvisor.Driver, bool) {
+	for i := 0; i < 4 && d != nil; i++ {
+		if g, ok := d.(*gvisor.Driver); ok {
+			return g, true
+		}
+		u, ok := d.(interface{ Unwrap() driver.Driver })
+		if !ok {
+			break
+		}
+		d = u.Unwrap()
+	}
+	return nil, false
+}
+
+// newNamespace makes the namespace driver; with a network, each sandbox's
+// link is set up from its PID 1 before the agent runs.
+func newNamespace(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
+	var hook func(ctx context.Context, id string, pid int) error
+	if network != nil {
+		hook = network.Setup
+	}
+	d, err := namespace.New(namespace.Options{
+		CgroupBase: cgroupBase(cfg.DataDir),
+		StateDir:   filepath.Join(cfg.DataDir, "sandboxes"),
+		RunDir:     cfg.RunDir,
+		AgentPath:  cfg.AgentPath,
+		UIDBase:    cfg.UIDBase,
+		UIDCount:   65536,
+		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		Network: hook,
+		Logf:    logf,
+	})
+	if err != nil || network == nil {
+		return d, err
+	}
+	return network.WrapDriver(d), nil
 }
 
 // newQEMU makes the qemu microVM driver (KVM or TCG), its state below
-// DataDir/qemu and its sockets (<id>.agent, <id>.qmp) in RunDir beside
-// the other drivers' (one driver runs per server). VMs have no network
-// device yet, so it refuses egress networks.
+// DataDir/qemu, its sockets (<id>.agent, <id>.qmp) in RunDir beside the
+// other drivers' (one driver runs per server) and its host cgroups beside
+// the namespace driver's. With an egress network every VM gets a NIC whose
+// traffic leaves through the sandbox's veth and the gateway, as a
+// namespace sandbox's does.
 func newQEMU(cfg Config, logf func(string, ...any), network *egress.Network) (driver.Driver, error) {
-	if network != nil {
-		return nil, errors.New("driver qemu: egress networks are not supported by this driver yet")
+	opts := qemu.Options{
+		StateDir:   filepath.Join(cfg.DataDir, "qemu"),
+		RunDir:     cfg.RunDir,
+		AgentPath:  cfg.AgentPath,
+		Accel:      cfg.QEMUAccel,
+		CgroupBase: cgroupBase(cfg.DataDir) + "-qemu",
+		Logf:       logf,
 	}
-	return qemu.New(qemu.Options{
-		StateDir:  filepath.Join(cfg.DataDir, "qemu"),
-		RunDir:    cfg.RunDir,
-		AgentPath: cfg.AgentPath,
-		Accel:     cfg.QEMUAccel,
-		Logf:      logf,
-	})
+	if network != nil {
+		opts.Network = network.Setup
+	}
+	d, err := qemu.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	if network == nil {
+		return d, nil
+	}
+	return network.WrapDriver(d), nil
 }
 
 // newFirecracker makes the firecracker driver (KVM hosts only).
@@ -228,11 +270,14 @@ func newFirecracker(cfg Config, logf func(string, ...any), network *egress.Netwo
 }
 
 // newGvisor makes the gvisor driver, its state beside the namespace
-// driver's and its sockets and runsc root below RunDir/gvisor.
-func newGvisor(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
+// driver's and its sockets and runsc root below RunDir/gvisor. With a
+// network, each sandbox's netns is made and wired (network.SetupPath)
+// before runsc starts, and the instances release it like the namespace
+// driver's. selfTest runs one throwaway sandbox before answering.
+func newGvisor(cfg Config, logf func(string, ...any), network *egress.Network, selfTest bool) (driver.Driver, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return gvisor.New(ctx, gvisor.Options{
+	opts := gvisor.Options{
 		Runsc:      cfg.Runsc,
 		CgroupBase: cgroupBase(cfg.DataDir) + "-gvisor",
 		StateDir:   filepath.Join(cfg.DataDir, "gvisor"),
@@ -243,7 +288,23 @@ func newGvisor(cfg Config, logf func(string, ...any)) (driver.Driver, error) {
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		Logf: logf,
-	})
+	}
+	if network != nil {
+		opts.Network = network.SetupPath
+	}
+	d, err := gvisor.New(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if selfTest {
+		if err := d.SelfTest(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if network == nil {
+		return d, nil
+	}
+	return network.WrapDriver(d), nil
 }
 
 // cgroupBase names the cgroup directory of this server's sandboxes. The
@@ -354,7 +415,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("egress: %w", err)
 		}
 	}
-	drv, err := pickDriver(cfg, cfg.Logf, s.net)
+	drv, driverReason, err := pickDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +429,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.tm = tm
-	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}}
+	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: s.store,
+		runner: &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids}}}
 	s.node, err = node.New(node.Options{
 		Driver: drv, Templates: tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
@@ -428,6 +491,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if s.creds != nil {
 		apiOpts.Credentials = s.creds
+	}
+	apiOpts.Info = func() api.Info {
+		in := api.Info{Driver: drv.Name(), DriverReason: driverReason, Egress: s.net != nil}
+		if g, ok := gvisorOf(drv); ok {
+			path, version := g.Runsc()
+			in.Runsc = path + " (" + version + ")"
+		}
+		return in
 	}
 	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf})),

@@ -2,11 +2,18 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"time"
 
+	"github.com/space-sandbox/space/internal/agent"
+	agentclient "github.com/space-sandbox/space/internal/agent/client"
+	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/template"
 )
@@ -14,8 +21,10 @@ import (
 // Templates adapts the template manager to core.Templates and remembers
 // which builtin templates are still being built at start-up.
 type Templates struct {
-	m    *template.Manager
-	logf func(string, ...any)
+	m      *template.Manager
+	logf   func(string, ...any)
+	runner *stepRunner // nil: no build-file builds
+	store  core.Store  // sandboxes' templates, for delete
 
 	mu       sync.Mutex
 	building map[string]bool
@@ -24,7 +33,7 @@ type Templates struct {
 
 func info(t template.Template) core.TemplateInfo {
 	return core.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
-		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, Cmd: t.Defaults.Cmd, CreatedAt: t.CreatedAt}
+		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, Cmd: t.Defaults.Cmd, Ready: t.Defaults.Ready, CreatedAt: t.CreatedAt}
 }
 
 // ListTemplates implements core.Templates.
@@ -153,4 +162,231 @@ type runtime struct {
 func (r *runtime) HasTemplate(ctx context.Context, name string) error {
 	_, err := r.t.GetTemplate(ctx, name)
 	return err
+}
+
+// mapTemplateErr maps template errors onto core's, so operations and the
+// API report stable codes.
+func mapTemplateErr(err error) error {
+	var se *template.StepError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se), errors.Is(err, template.ErrInvalid), errors.Is(err, template.ErrUnsafeInput):
+		return fmt.Errorf("%w: %w", core.ErrInvalid, err)
+	case errors.Is(err, template.ErrNotFound):
+		return fmt.Errorf("%w: %w", core.ErrNotFound, err)
+	case errors.Is(err, template.ErrLimit):
+		return fmt.Errorf("%w: %w", core.ErrExhausted, err)
+	case errors.Is(err, template.ErrUnsupported), errors.Is(err, template.ErrLocked):
+		return fmt.Errorf("%w: %w", core.ErrUnavailable, err)
+	}
+	return err
+}
+
+// BuildFromFile implements api.TemplateAdmin: a build file's steps run in
+// sandboxes of this node's driver; progress reports one line per step state.
+func (t *Templates) BuildFromFile(ctx context.Context, req api.BuildfileRequest, progress core.Progress) (any, error) {
+	if t.runner == nil {
+		return nil, fmt.Errorf("template builds from build files need a driver: %w", core.ErrUnavailable)
+	}
+	res, err := t.m.BuildFromFile(ctx, template.BuildfileRequest{Name: req.Name, File: req.File, Context: req.ContextDir, Runner: t.runner},
+		func(ev template.StepEvent) {
+			pct := 100 * (ev.Step - 1) / ev.Steps
+			if ev.State != template.StepRunning {
+				pct = 100 * ev.Step / ev.Steps
+			}
+			progress(pct, stepMessage(ev))
+		})
+	if err != nil {
+		return nil, mapTemplateErr(err)
+	}
+	steps := res.Steps
+	if steps == nil {
+		steps = []template.StepResult{}
+	}
+	return BuildfileResult{Template: info(res.Template), Steps: steps}, nil
+}
+
+// BuildfileResult is a build-file operation's result.
+type BuildfileResult struct {
+	Template core.TemplateInfo     `json:"template"`
+	Steps    []template.StepResult `json:"steps"`
+}
+
+// stepMessage is the operation message of a step event, in the fixed form
+// "step N/M INSTRUCTION: STATE[ detail]" that clients may parse.
+func stepMessage(ev template.StepEvent) string {
+	msg := fmt.Sprintf("step %d/%d %s: %s", ev.Step, ev.Steps, ev.Instruction, ev.State)
+	switch {
+	case ev.State == template.StepRunning && ev.Bytes > 0:
+		msg += fmt.Sprintf(" (%d bytes)", ev.Bytes)
+	case ev.State == template.StepDone:
+		msg += fmt.Sprintf(" in %.2fs (%d bytes)", ev.Seconds, ev.Bytes)
+	}
+	return msg
+}
+
+// ValidateBuildfile implements api.TemplateAdmin.
+func (t *Templates) ValidateBuildfile(b []byte) error {
+	_, err := template.ParseBuildfile(b)
+	return mapTemplateErr(err)
+}
+
+// ExtractContext implements api.TemplateAdmin.
+func (t *Templates) ExtractContext(ctx context.Context, r io.Reader, dir string) error {
+	return mapTemplateErr(t.m.ExtractContext(ctx, r, dir))
+}
+
+// DeleteTemplate implements api.TemplateAdmin: refused while any sandbox
+// (of any project, hibernated ones included) was created from the name.
+// The tree stays until GC.
+func (t *Templates) DeleteTemplate(ctx context.Context, name string) error {
+	if _, err := t.m.Get(name); err != nil {
+		return mapTemplateErr(err)
+	}
+	if name == template.BuiltinMinimal || name == template.BuiltinBase {
+		// The warm pool and the default sandbox template depend on them.
+		return fmt.Errorf("template %q is a builtin: %w", name, core.ErrConflict)
+	}
+	if t.store != nil {
+		after := ""
+		for {
+			list, err := t.store.ListSandboxes(ctx, core.SandboxFilter{After: after, Limit: 500})
+			if err != nil {
+				return err
+			}
+			for _, sb := range list {
+				if sb.Template == name {
+					return fmt.Errorf("template %q is used by sandbox %s (%s): %w", name, sb.ID, sb.State, core.ErrConflict)
+				}
+			}
+			if len(list) < 500 {
+				break
+			}
+			after = list[len(list)-1].ID
+		}
+	}
+	return mapTemplateErr(t.m.Remove(name))
+}
+
+// AliasTemplate implements api.TemplateAdmin.
+func (t *Templates) AliasTemplate(ctx context.Context, name, alias string) (core.TemplateInfo, error) {
+	tp, err := t.m.Alias(name, alias)
+	if err != nil {
+		return core.TemplateInfo{}, mapTemplateErr(err)
+	}
+	return info(tp), nil
+}
+
+// stepRunner runs build-file RUN steps in sandboxes made directly by the
+// node's driver: same isolation and limits as any sandbox, and, where the
+// egress gateway runs, its default blocked network (no policy is ever
+// applied to a build sandbox). Build sandboxes are not sandboxes of any
+// project; one left by a crash is removed by the driver's start-up sweep.
+type stepRunner struct {
+	drv     driver.Driver
+	limits  driver.Limits
+	timeout time.Duration
+}
+
+func (r *stepRunner) RunStep(ctx context.Context, rootfs string, spec template.RunSpec, out io.Writer, capture func(string) error) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	inst, err := r.drv.Create(ctx, driver.Spec{ID: core.NewID("bld-"), Hostname: "build", RootfsDir: rootfs, Limits: r.limits})
+	if err != nil {
+		return -1, fmt.Errorf("create build sandbox: %w", err)
+	}
+	defer inst.Destroy(context.WithoutCancel(ctx))
+	ag := agentclient.New(inst.Dial)
+	defer ag.Close()
+	if spec.Cwd != "" {
+		// WORKDIR creates the directory (as root), as in Dockerfiles.
+		if err := ag.Mkdir(ctx, spec.Cwd); err != nil {
+			return -1, fmt.Errorf("create workdir %s: %w", spec.Cwd, err)
+		}
+	}
+	if err := ag.SetConfig(ctx, agent.Config{Env: spec.Env, Cwd: spec.Cwd, User: spec.User}); err != nil {
+		if agentclient.IsBadRequest(err) { // e.g. a USER the tree does not know
+			fmt.Fprintf(out, "cannot run with this config: %v\n", err)
+			return 127, nil
+		}
+		return -1, fmt.Errorf("configure build sandbox: %w", err)
+	}
+	pi, err := ag.Start(ctx, agent.ProcessSpec{Argv: spec.Argv, Shell: spec.Shell, TimeoutMs: r.timeout.Milliseconds()})
+	if err != nil {
+		if agentclient.IsBadRequest(err) || agentclient.IsNotFound(err) {
+			fmt.Fprintf(out, "cannot start: %v\n", err)
+			return 127, nil
+		}
+		return -1, fmt.Errorf("start step: %w", err)
+	}
+	ex, err := follow(ctx, ag, pi.ID, out)
+	if err != nil {
+		return -1, err
+	}
+	code := ex.Code
+	if ex.Error != "" {
+		fmt.Fprintf(out, "%s\n", ex.Error)
+	}
+	if code == 0 && (ex.Signal != "" || ex.Error != "") {
+		code = -1
+	}
+	if ex.TimedOut {
+		fmt.Fprintf(out, "step timed out after %s\n", r.timeout)
+	}
+	if code != 0 {
+		return code, nil
+	}
+	// Freeze whatever the step left running, then read its layer.
+	p, ok := driver.As[driver.Pauser](inst)
+	li, ok2 := driver.As[driver.LayerInstance](inst)
+	if !ok || !ok2 {
+		return -1, fmt.Errorf("driver %s cannot stop a sandbox and expose its writable layer, which builds need: %w", r.drv.Name(), core.ErrUnavailable)
+	}
+	if err := p.Pause(ctx); err != nil {
+		return -1, fmt.Errorf("freeze build sandbox: %w", err)
+	}
+	layer, err := li.WritableLayer()
+	if err != nil {
+		return -1, err
+	}
+	return 0, capture(layer.Dir)
+}
+
+// follow copies a command's output to out until it exits.
+func follow(ctx context.Context, ag *agentclient.Client, id string, out io.Writer) (agent.Exit, error) {
+	var after uint64
+	for attempt := 0; attempt < 5; attempt++ {
+		er, err := ag.Events(ctx, id, after)
+		if err != nil {
+			if ctx.Err() != nil {
+				return agent.Exit{}, ctx.Err()
+			}
+			time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+			continue
+		}
+		for {
+			ev, err := er.Next()
+			if err != nil {
+				er.Close()
+				break
+			}
+			after = ev.Seq
+			switch ev.Type {
+			case agent.EventStdout, agent.EventStderr:
+				out.Write(ev.Data)
+			case agent.EventExit:
+				er.Close()
+				var ex agent.Exit
+				if json.Unmarshal(ev.Data, &ex) != nil {
+					ex = agent.Exit{Code: -1, Error: "agent sent a malformed exit event"}
+				}
+				return ex, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return agent.Exit{}, ctx.Err()
+		}
+	}
+	return agent.Exit{}, errors.New("lost contact with the build sandbox's agent")
 }

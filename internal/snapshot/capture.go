@@ -26,7 +26,12 @@ type Result struct {
 	NewChunks     int    `json:"new_chunks"`     // chunks this snapshot added to the store
 	ChunkBytes    int64  `json:"chunk_bytes"`    // their size
 	ManifestBytes int64  `json:"manifest_bytes"` // the manifest's stored size
-	BytesStored   int64  `json:"bytes_stored"`   // chunk_bytes + manifest_bytes
+	BytesStored   int64  `json:"bytes_stored"`   // chunk_bytes + image_chunk_bytes + manifest_bytes
+	// The process image, when the capture has one (CaptureProcess).
+	ImageFiles      int   `json:"image_files,omitempty"`
+	ImageBytes      int64 `json:"image_bytes,omitempty"`       // its size
+	ImageNewChunks  int   `json:"image_new_chunks,omitempty"`  // chunks it added to the store
+	ImageChunkBytes int64 `json:"image_chunk_bytes,omitempty"` // their size
 }
 
 // resolveBeneath keeps openat2 inside the starting directory and refuses
@@ -62,14 +67,28 @@ type capturer struct {
 // and regular files (non-blocking, checked by inode), and only lstat's the
 // rest; ids outside the layer's range are recorded as nobody.
 func (s *Store) Capture(ctx context.Context, layer driver.Layer, parent State) (Result, error) {
+	return s.capture(ctx, layer, parent, nil)
+}
+
+// CaptureProcess is Capture that also stores a driver's checkpoint
+// directory (the processes and memory of the moment the layer shows) in
+// the same manifest, chunked like the layer. A layer with no Dir is empty
+// (the checkpoint holds the disk, as a VM's does).
+func (s *Store) CaptureProcess(ctx context.Context, layer driver.Layer, parent State, img ImageSource) (Result, error) {
+	return s.capture(ctx, layer, parent, &img)
+}
+
+func (s *Store) capture(ctx context.Context, layer driver.Layer, parent State, img *ImageSource) (Result, error) {
 	c := &capturer{s: s, layer: layer, parent: parent, full: State{}, links: map[uint64]string{},
 		buf: make([]byte, ChunkSize), ctx: ctx}
-	root, err := unix.Open(layer.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return c.res, fmt.Errorf("snapshot: open layer: %w", err)
+	if layer.Dir == "" && img == nil {
+		return c.res, errors.New("snapshot: no layer and no process image to capture")
 	}
-	defer unix.Close(root)
-	if err := c.walk(root, "", 0); err != nil {
+	err := c.walkLayer()
+	if img != nil && img.LayerDone != nil {
+		img.LayerDone()
+	}
+	if err != nil {
 		return c.res, err
 	}
 	m := &Manifest{Version: manifestVersion}
@@ -88,6 +107,12 @@ func (s *Store) Capture(ctx context.Context, layer driver.Layer, parent State) (
 		}
 	}
 	sort.Strings(m.Removed)
+	if img != nil {
+		if m.Process, err = c.storeImage(*img); err != nil {
+			return c.res, err
+		}
+		c.res.ImageFiles, c.res.ImageBytes = len(m.Process.Files), m.Process.Bytes()
+	}
 	if err := m.validate(); err != nil {
 		return c.res, fmt.Errorf("snapshot: layer not recordable: %w", err)
 	}
@@ -101,8 +126,23 @@ func (s *Store) Capture(ctx context.Context, layer driver.Layer, parent State) (
 	c.res.Manifest, c.res.ManifestBytes = d, size
 	c.res.Entries, c.res.Changed, c.res.Removed = len(c.full), len(m.Entries), len(m.Removed)
 	c.res.LogicalBytes = c.full.LogicalBytes()
-	c.res.BytesStored = c.res.ChunkBytes + size
+	c.res.BytesStored = c.res.ChunkBytes + c.res.ImageChunkBytes + size
 	return c.res, nil
+}
+
+// walkLayer reads the layer into c.full. A layer without a directory is
+// empty: a driver whose checkpoint holds the sandbox's disk (a VM) has no
+// host-side layer.
+func (c *capturer) walkLayer() error {
+	if c.layer.Dir == "" {
+		return nil
+	}
+	root, err := unix.Open(c.layer.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot: open layer: %w", err)
+	}
+	defer unix.Close(root)
+	return c.walk(root, "", 0)
 }
 
 func (c *capturer) id(host uint32) uint32 {

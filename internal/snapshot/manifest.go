@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -34,6 +35,83 @@ type Manifest struct {
 	Version int      `json:"v"`
 	Entries []Entry  `json:"entries"`
 	Removed []string `json:"removed,omitempty"`
+	// Process, if set, is the sandbox's processes and memory at the same
+	// moment as the layer (a driver checkpoint). It is whole, not a diff:
+	// only the newest manifest of a chain's is restored. Manifests without
+	// it (filesystem-only, and all older ones) load as before.
+	Process *ProcessImage `json:"process,omitempty"`
+}
+
+// ProcessImage is a driver's checkpoint directory, its files cut into
+// chunks like the layer's (identical pages across snapshots and sandboxes
+// are stored once).
+type ProcessImage struct {
+	Driver string      `json:"driver"` // the driver that can restore it
+	Files  []ImageFile `json:"files"`
+}
+
+// ImageFile is one file of a checkpoint directory.
+type ImageFile struct {
+	Path   string   `json:"p"` // relative, slash-separated
+	Size   int64    `json:"s"`
+	Chunks []string `json:"c,omitempty"`
+}
+
+// Bounds on a process image.
+const (
+	maxImageFiles = 1024
+	maxImageDepth = 8
+	// MaxImageBytes bounds a process image (the sandbox's memory and
+	// kernel state).
+	MaxImageBytes = 256 << 30
+)
+
+var driverNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+func (pi *ProcessImage) validate() error {
+	if !driverNameRE.MatchString(pi.Driver) {
+		return fmt.Errorf("process image: bad driver name %.40q", pi.Driver)
+	}
+	if len(pi.Files) == 0 || len(pi.Files) > maxImageFiles {
+		return fmt.Errorf("process image: %d files", len(pi.Files))
+	}
+	var total int64
+	seen := make(map[string]bool, len(pi.Files))
+	for _, f := range pi.Files {
+		if !validPath(f.Path) || strings.Count(f.Path, "/") >= maxImageDepth || seen[f.Path] {
+			return fmt.Errorf("process image: bad or repeated path %.100q", f.Path)
+		}
+		seen[f.Path] = true
+		if f.Size < 0 || f.Size > MaxImageBytes || int64(len(f.Chunks)) != (f.Size+ChunkSize-1)/ChunkSize {
+			return fmt.Errorf("process image: %.100q: %d chunks for %d bytes", f.Path, len(f.Chunks), f.Size)
+		}
+		for _, c := range f.Chunks {
+			if !ValidDigest(c) {
+				return fmt.Errorf("process image: %.100q: bad chunk digest", f.Path)
+			}
+		}
+		if total += f.Size; total > MaxImageBytes {
+			return errors.New("process image: too large")
+		}
+	}
+	// A file's path must not also be a directory of another's.
+	for p := range seen {
+		for q := path.Dir(p); q != "."; q = path.Dir(q) {
+			if seen[q] {
+				return fmt.Errorf("process image: %.100q is a file and a directory", q)
+			}
+		}
+	}
+	return nil
+}
+
+// Bytes is the image's total size.
+func (pi *ProcessImage) Bytes() int64 {
+	var n int64
+	for _, f := range pi.Files {
+		n += f.Size
+	}
+	return n
 }
 
 const manifestVersion = 1
@@ -155,6 +233,9 @@ func (m *Manifest) validate() error {
 		if !validPath(r) {
 			return fmt.Errorf("bad removed path %.100q", r)
 		}
+	}
+	if m.Process != nil {
+		return m.Process.validate()
 	}
 	return nil
 }

@@ -1,14 +1,16 @@
-// Package snapshot stores sandbox filesystem snapshots: the writable
-// layer's changes since a parent snapshot, as a manifest (one gzip'd JSON
-// object per snapshot) whose file contents are split into fixed 1 MiB
-// chunks named by their SHA-256, so identical data is stored once across
-// snapshots and sandboxes.
+// Package snapshot stores sandbox snapshots: the writable layer's changes
+// since a parent snapshot, as a manifest (one gzip'd JSON object per
+// snapshot) whose file contents are split into fixed 1 MiB chunks named by
+// their SHA-256, so identical data is stored once across snapshots and
+// sandboxes. A manifest may also hold a process image (a driver's
+// checkpoint directory: processes and memory), chunked the same way.
 //
 // Layout under the store's directory:
 //
 //	chunks/<2 hex>/<64 hex>   file content chunks
 //	manifests/<64 hex>        gzip'd JSON manifests, named by their digest
-//	tmp/                      writes in progress (renamed into place)
+//	tmp/                      writes in progress (renamed into place),
+//	                          checkpoint images on their way in or out
 //
 // Writes are atomic (temp file + rename) and made durable with one syncfs
 // before the caller commits the manifest's digest to its database; anything
@@ -196,21 +198,30 @@ func (s *Store) LoadManifest(digest string) (*Manifest, error) {
 // LoadState merges a chain of manifests (oldest first) into the state of
 // the writable layer at the last one.
 func (s *Store) LoadState(ctx context.Context, chain []string) (State, error) {
+	st, _, err := s.LoadChain(ctx, chain)
+	return st, err
+}
+
+// LoadChain is LoadState plus the last manifest's process image (nil when
+// it has none: a process image is never inherited from a parent).
+func (s *Store) LoadChain(ctx context.Context, chain []string) (State, *ProcessImage, error) {
 	st := State{}
+	var img *ProcessImage
 	for _, d := range chain {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		m, err := s.LoadManifest(d)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		st.apply(m)
+		img = m.Process
 	}
 	if err := st.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return st, nil
+	return st, img, nil
 }
 
 // sync makes everything written so far durable (one syncfs for the store's
@@ -252,6 +263,13 @@ func (s *Store) GC(ctx context.Context, keep []string) (GCResult, error) {
 		for _, e := range m.Entries {
 			for _, c := range e.Chunks {
 				refs[c] = true
+			}
+		}
+		if m.Process != nil {
+			for _, f := range m.Process.Files {
+				for _, c := range f.Chunks {
+					refs[c] = true
+				}
 			}
 		}
 	}

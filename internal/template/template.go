@@ -3,7 +3,9 @@
 //
 // Layout under the manager's directory:
 //
-//	rootfs/<digest-hex>/       final tree, owned by the shifted uid range, never written again
+//	rootfs/<digest-hex>/       final tree, owned by the shifted uid range, never written again;
+//	                           also build-file layers (build.go), whose files may be hard
+//	                           links shared with their parent layer's
 //	rootfs/<digest-hex>.json   build metadata (size, file count); recomputed if missing
 //	names/<name>.json          name → digest + defaults
 //	tmp/<random>/              staging; anything here after a crash is removed by NewManager
@@ -75,6 +77,8 @@ type Defaults struct {
 	User string            `json:"user,omitempty"`
 	// Cmd is the start command (an image's entrypoint followed by its cmd).
 	Cmd []string `json:"cmd,omitempty"`
+	// Ready is the ready check of a build file's READY (not run yet).
+	Ready []string `json:"ready,omitempty"`
 }
 
 // Template is a named, built root filesystem.
@@ -139,6 +143,9 @@ type Manager struct {
 	mu       sync.Mutex // guards inflight, name/rootfs commits, GC and mmdeb
 	inflight map[string]*flight
 	mmdeb    map[string]string // mmdebstrap path → version output
+	// pins counts builds using a tree (a build file's base and step
+	// layers, which no name refers to yet), so GC leaves it alone.
+	pins map[string]int
 }
 
 type flight struct {
@@ -183,7 +190,7 @@ func NewManager(dir string, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template: resolve %q: %w", dir, err)
 	}
-	m := &Manager{dir: abs, opts: opts, inflight: map[string]*flight{}, mmdeb: map[string]string{}}
+	m := &Manager{dir: abs, opts: opts, inflight: map[string]*flight{}, mmdeb: map[string]string{}, pins: map[string]int{}}
 	// 0711 on the path to rootfs/ lets the sandbox's (shifted) root traverse
 	// it to mount the overlay without being able to list other templates.
 	for _, d := range []struct {
@@ -277,11 +284,12 @@ func (m *Manager) cleanTmp() error {
 	return nil
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+// A name may carry a tag ("py:3.12"); name and tag are one opaque key.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$`)
 
 func validateName(name string) error {
 	if !nameRE.MatchString(name) {
-		return fmt.Errorf("%w: name %q (want [A-Za-z0-9][A-Za-z0-9._-]{0,127})", ErrInvalid, name)
+		return fmt.Errorf("%w: name %q (want [A-Za-z0-9][A-Za-z0-9._-]{0,127} and an optional :tag)", ErrInvalid, name)
 	}
 	return nil
 }
@@ -461,7 +469,7 @@ func (m *Manager) GC(ctx context.Context, keep func(digest string) bool) ([]stri
 			}
 			continue
 		}
-		if used[d] || m.inflight[d] != nil || (keep != nil && keep(d)) {
+		if used[d] || m.inflight[d] != nil || m.pins[d] > 0 || (keep != nil && keep(d)) {
 			continue
 		}
 		// Move out of rootfs/ first so the tree vanishes atomically; the slow
@@ -633,7 +641,7 @@ func (m *Manager) commitName(req BuildRequest, pl *plan) (Template, bool, error)
 }
 
 func defaultsEqual(a, b Defaults) bool {
-	if a.Cwd != b.Cwd || a.User != b.User || len(a.Env) != len(b.Env) || !slices.Equal(a.Cmd, b.Cmd) {
+	if a.Cwd != b.Cwd || a.User != b.User || len(a.Env) != len(b.Env) || !slices.Equal(a.Cmd, b.Cmd) || !slices.Equal(a.Ready, b.Ready) {
 		return false
 	}
 	for k, v := range a.Env {

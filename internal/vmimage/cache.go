@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 )
 
@@ -81,8 +82,10 @@ func BuildBoot(ctx context.Context, s BootSpec) (Boot, error) {
 		name += s.Flavor + "-"
 	}
 	b := Boot{
-		Vmlinux:   filepath.Join(s.Dir, "vmlinux-"+CacheKey(s.Kernel)),
-		Initramfs: filepath.Join(s.Dir, name+CacheKey(s.Busybox, s.ModDir)+".cpio"),
+		Vmlinux: filepath.Join(s.Dir, "vmlinux-"+CacheKey(s.Kernel)),
+		// The init script and module list are part of the key: a changed
+		// /init must not boot from an old cached initramfs.
+		Initramfs: filepath.Join(s.Dir, name+CacheKey(s.Busybox, s.ModDir, initScript, strings.Join(Modules, ","), strings.Join(s.AgentArgs, " "))+".cpio"),
 		AgentDisk: filepath.Join(s.Dir, "agent-"+CacheKey(s.AgentPath)+".ext4"),
 	}
 	if _, err := os.Stat(b.Vmlinux); err != nil {

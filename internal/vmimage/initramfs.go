@@ -35,6 +35,16 @@ echo "space-init: start, uptime $(cut -d' ' -f1 /proc/uptime)"
 for m in $(cat /modules.order); do insmod /lib/modules/$m 2>/dev/null; done
 disk() { for d in /sys/block/vd*; do [ "$(cat $d/serial 2>/dev/null)" = "$1" ] && echo /dev/${d##*/}; done; }
 fail() { echo "space-init: $*" >&2; poweroff -f; }
+# A process that outgrows the sandbox's memory is OOM-killed, as under a
+# container's memory cgroup, instead of being refused by the guest's
+# overcommit heuristic.
+echo 1 > /proc/sys/vm/overcommit_memory
+ip link set lo up
+# space.net=ADDR/BITS,GATEWAY: the guest's fixed address on its NIC.
+net=$(sed -n 's/.*space\.net=\([0-9./,]*\).*/\1/p' /proc/cmdline)
+if [ -n "$net" ]; then
+  ip addr add "${net%%,*}" dev eth0 && ip link set eth0 up && ip route add default via "${net#*,}" || fail "network $net"
+fi
 root=$(disk root); upper=$(disk upper); agentdisk=$(disk agent)
 agent=/space
 if [ -n "$agentdisk" ]; then

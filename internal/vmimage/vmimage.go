@@ -39,6 +39,7 @@ var Modules = []string{
 	"virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "virtio_console",
 	"crc16", "mbcache", "jbd2", "crc32c_generic", "ext4", "overlay",
 	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
+	"virtio_net", "virtio_balloon",
 }
 
 // xzMagic starts an XZ stream (Debian's bzImage payload).

@@ -7,6 +7,11 @@
 // long-polls and WatchOperation follows it as server-sent events. Command
 // output streams resume after a dropped connection with Last-Event-ID, so
 // no output is lost or repeated.
+//
+// Error answers are *APIError (status, code, message); errors.Is matches
+// them against ErrNotFound, ErrConflict, ErrSandboxPaused, ErrUnauthorized
+// and the other sentinels by code, then by status. An awaited operation that
+// failed is *OperationError.
 package client
 
 import (

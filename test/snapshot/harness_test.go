@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	code := func() int {
+		defer stopGvisor()
 		e, err := setup()
 		theEnv, setupErr = e, err
 		defer func() {

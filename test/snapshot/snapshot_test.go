@@ -154,7 +154,7 @@ func TestSnapshotChainForkRetention(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			if got := f.tree(t); got != tree3 {
-				t.Errorf("fork %d does not see the snapshot", i)
+				t.Errorf("fork %d does not see the snapshot:\n got:\n%s\nwant:\n%s", i, got, tree3)
 			}
 			f.ok(t, fmt.Sprintf("echo %d > /work/mine-%d", i, i))
 		}()

@@ -102,24 +102,33 @@ type opEvent struct {
 	Progress int    `json:"progress"`
 	Message  string `json:"message"`
 	Error    *struct {
+		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
 	Result json.RawMessage `json:"result"`
 }
 
 // follow reads an operation's SSE stream until it is done.
-func (s *server) follow(t *testing.T, id string) []opEvent {
+func (s *server) follow(t *testing.T, id string) []opEvent { return s.followFrom(t, id, "") }
+
+// followFrom resumes the stream after event lastID (replaying what the
+// operation did before the stream connected).
+func (s *server) followFrom(t *testing.T, id, lastID string) []opEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", s.ctrl+"/v1/operations/"+id+"/events", nil)
 	req.Header.Set("X-API-Key", s.key)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("events: %v %v", resp, err)
 	}
 	defer resp.Body.Close()
 	var evs []opEvent
+	skipped := false
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -131,6 +140,12 @@ func (s *server) follow(t *testing.T, id string) []opEvent {
 			Data opEvent `json:"data"`
 		}
 		if json.Unmarshal([]byte(line), &ev) != nil {
+			continue
+		}
+		if lastID != "" && !skipped {
+			// The stream opens with the current state before replaying
+			// history from lastID; a resumed follower drops it.
+			skipped = true
 			continue
 		}
 		evs = append(evs, ev.Data)

@@ -45,6 +45,8 @@ type Server struct {
 	Ctrl, Data                                       string // base URLs, set by Start
 	// Args are extra `space server` flags (e.g. "--builtins", "minimal,base").
 	Args []string
+	// Driver is the --driver flag; "" = $SPACE_TEST_DRIVER, else namespace.
+	Driver string
 
 	cmd *exec.Cmd
 }
@@ -95,7 +97,10 @@ func (s *Server) Start() error {
 	}
 	// The suites check driver-specific facts (uid maps, per-process OOM
 	// kills, PID 1): pin the driver rather than let `auto` pick one.
-	drv := os.Getenv("SPACE_TEST_DRIVER")
+	drv := s.Driver
+	if drv == "" {
+		drv = os.Getenv("SPACE_TEST_DRIVER")
+	}
 	if drv == "" {
 		drv = "namespace"
 	}

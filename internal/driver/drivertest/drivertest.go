@@ -39,12 +39,21 @@ type Env struct {
 	// the whole sandbox rather than the one process (gVisor: the host sees
 	// one sandbox kernel, not its processes).
 	SandboxDiesOnOOM bool
+	// ExpensiveCreate is set by drivers whose Create costs seconds (VMs
+	// under TCG). Run then boots two sandboxes in all and runs the same
+	// cases against them, in order (see runShared), instead of one or two
+	// sandboxes per case.
+	ExpensiveCreate bool
 }
 
 // Run runs the conformance suite as subtests of t.
 //
 // The driver's test selects it with `go test ./... -run Conformance`.
 func Run(t *testing.T, env Env) {
+	if env.ExpensiveCreate {
+		runShared(t, env)
+		return
+	}
 	t.Run("CreateExecDestroy", func(t *testing.T) { testCreateExecDestroy(t, env) })
 	t.Run("Limits", func(t *testing.T) { testLimits(t, env) })
 	t.Run("AttachAfterRestart", func(t *testing.T) { testAttach(t, env) })
@@ -366,4 +375,161 @@ func median(d []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// runShared is Run for drivers with expensive creates: sandbox A (with
+// limits) and sandbox B are booted once and every case runs against them:
+// exec and files on A, B not seeing A's files, limits and an OOM kill in
+// A, a new driver value re-attaching A, bad specs (a duplicate of A must
+// not harm it), a sweep keeping A and removing B, and finally A's
+// destroy.
+func runShared(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d := env.Open(t, dir)
+	a := create(t, env, d, "conf-a", driver.Limits{MemoryBytes: 96 << 20, CPUMillis: 500, Pids: 64})
+	b := create(t, env, d, "conf-b", driver.Limits{})
+	t.Run("CreateExecDestroy", func(t *testing.T) {
+		if a.ID() != "conf-a" {
+			t.Errorf("ID() = %q", a.ID())
+		}
+		if a.Timing().Total <= 0 {
+			t.Errorf("Timing().Total = %v", a.Timing().Total)
+		}
+		if err := health(t, a); err != nil {
+			t.Fatalf("health: %v", err)
+		}
+		if got := MustSh(t, a, "echo hello; id -u; hostname"); got != "hello\n0\nbox-conf-a" {
+			t.Errorf("exec output %q", got)
+		}
+		if _, exit, err := Sh(testCtx(t), a, "exit 7"); err != nil || exit.Code != 7 {
+			t.Errorf("exit 7: %+v %v", exit, err)
+		}
+		MustSh(t, a, "echo data > /root/f && mkdir -p /tmp/x && echo y > /etc/extra")
+		c := client.New(a.Dial)
+		rc, _, err := c.Download(testCtx(t), "/root/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(rc)
+		rc.Close()
+		c.Close()
+		if string(got) != "data\n" {
+			t.Errorf("download %q", got)
+		}
+		conns := make([]io.Closer, 0, 4)
+		for range 4 {
+			conn, err := a.Dial(testCtx(t))
+			if err != nil {
+				t.Fatalf("dial: %v", err)
+			}
+			conns = append(conns, conn)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		if out, _, _ := Sh(testCtx(t), b, "cat /root/f /etc/extra 2>&1"); strings.Contains(out, "data") {
+			t.Errorf("second sandbox sees the first one's files: %q", out)
+		}
+	})
+	t.Run("Limits", func(t *testing.T) {
+		if err := a.SetLimits(testCtx(t), driver.Limits{MemoryBytes: 64 << 20, CPUMillis: 1000, Pids: 32}); err != nil {
+			t.Fatalf("SetLimits: %v", err)
+		}
+		if n, err := a.OOMKills(); err != nil || n != 0 {
+			t.Fatalf("OOMKills before: %d %v", n, err)
+		}
+		out, exit, err := Sh(testCtx(t), a, "dd if=/dev/zero of=/dev/null bs=256M count=1")
+		if err == nil && exit.Code == 0 && exit.Signal == "" {
+			t.Fatalf("dd of 256 MiB succeeded under a 64 MiB limit: %q", out)
+		}
+		if env.SandboxDiesOnOOM {
+			t.Logf("over the memory limit: exit %+v err %v", exit, err)
+			return
+		}
+		if err != nil {
+			t.Fatalf("over the memory limit: %v", err)
+		}
+		if exit.Signal != "SIGKILL" {
+			t.Errorf("dd not OOM-killed: %+v %s", exit, out)
+		}
+		if n, err := a.OOMKills(); err != nil || n < 1 {
+			t.Errorf("OOMKills after: %d %v", n, err)
+		}
+		if got := MustSh(t, a, "echo alive"); got != "alive" {
+			t.Errorf("after OOM: %q", got)
+		}
+	})
+	// A new driver value over the same dirs, as after a node restart.
+	d2 := env.Open(t, dir)
+	var re driver.Instance
+	t.Run("AttachAfterRestart", func(t *testing.T) {
+		MustSh(t, a, "echo state > /root/mark; sleep 1000 >/dev/null 2>&1 &")
+		var err error
+		if re, err = d2.Attach(testCtx(t), "conf-a"); err != nil {
+			t.Fatalf("attach: %v", err)
+		}
+		if re.ID() != "conf-a" {
+			t.Errorf("attached ID %q", re.ID())
+		}
+		if out := MustSh(t, re, "cat /root/mark; cat /proc/[0-9]*/comm 2>/dev/null | grep -qx sleep && echo running"); out != "state\nrunning" {
+			t.Errorf("after attach: %q", out)
+		}
+		if err := re.SetLimits(testCtx(t), driver.Limits{Pids: 77}); err != nil {
+			t.Errorf("SetLimits on attached instance: %v", err)
+		}
+		if _, err := d2.Attach(testCtx(t), "conf-nosuch"); !errors.Is(err, driver.ErrNotFound) {
+			t.Errorf("attach of unknown id: %v", err)
+		}
+	})
+	if re == nil {
+		re = a
+	}
+	t.Run("BadSpecs", func(t *testing.T) {
+		for _, id := range []string{"", "Upper", "../x", "a/b", strings.Repeat("x", 65)} {
+			if inst, err := d2.Create(testCtx(t), driver.Spec{ID: id, RootfsDir: env.Rootfs}); err == nil {
+				_ = inst.Destroy(context.Background())
+				t.Errorf("create with id %q succeeded", id)
+			}
+		}
+		if inst, err := d2.Create(testCtx(t), driver.Spec{ID: "conf-norootfs", RootfsDir: "/nonexistent"}); err == nil {
+			_ = inst.Destroy(context.Background())
+			t.Error("create without rootfs succeeded")
+		}
+		assertGone(t, env, dir, "conf-norootfs")
+		if inst, err := d2.Create(testCtx(t), driver.Spec{ID: "conf-a", RootfsDir: env.Rootfs}); err == nil {
+			_ = inst.Destroy(context.Background())
+			t.Error("second create of one id succeeded")
+		}
+		if got := MustSh(t, re, "echo still"); got != "still" {
+			t.Errorf("after a duplicate create: %q", got)
+		}
+	})
+	t.Run("Sweep", func(t *testing.T) {
+		d3 := env.Open(t, dir)
+		if err := d3.Sweep(testCtx(t), map[string]bool{"conf-a": true}); err != nil {
+			t.Fatalf("sweep: %v", err)
+		}
+		assertGone(t, env, dir, "conf-b")
+		if got := MustSh(t, re, "echo kept"); got != "kept" {
+			t.Errorf("kept sandbox: %q", got)
+		}
+	})
+	t.Run("Destroy", func(t *testing.T) {
+		if err := re.Destroy(testCtx(t)); err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
+		if err := re.Destroy(testCtx(t)); err != nil {
+			t.Errorf("second destroy: %v", err)
+		}
+		assertGone(t, env, dir, "conf-a")
+		ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second)
+		defer cancel()
+		if conn, err := re.Dial(ctx); err == nil {
+			conn.Close()
+			t.Error("dial after destroy succeeded")
+		}
+		if _, err := d2.Attach(testCtx(t), "conf-a"); !errors.Is(err, driver.ErrNotFound) {
+			t.Errorf("attach after destroy: %v", err)
+		}
+	})
 }

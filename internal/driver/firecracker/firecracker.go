@@ -197,6 +197,12 @@ type state struct {
 	StartTime uint64 `json:"start_time"`
 	MemoryMiB int    `json:"memory_mib"`
 	CPUs      int    `json:"cpus"`
+	// The files the VM was booted from: a snapshot is valid only with
+	// the very same ones.
+	Vmlinux   string `json:"vmlinux,omitempty"`
+	Initramfs string `json:"initramfs,omitempty"`
+	AgentDisk string `json:"agent_disk,omitempty"`
+	RootDisk  string `json:"root_disk,omitempty"`
 }
 
 type cleanup []func()
@@ -357,7 +363,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 			if serr != nil {
 				err = serr
 			} else {
-				st := state{PID: pid, StartTime: start, MemoryMiB: memMiB, CPUs: cpus}
+				st := state{PID: pid, StartTime: start, MemoryMiB: memMiB, CPUs: cpus,
+					Vmlinux: boot.vmlinux, Initramfs: boot.initramfs, AgentDisk: boot.agentDisk, RootDisk: root}
 				b, _ := json.Marshal(st)
 				err = os.WriteFile(filepath.Join(dir, "state.json"), b, 0o600)
 			}

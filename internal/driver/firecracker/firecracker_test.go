@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/vmimage"
 )
@@ -76,6 +77,14 @@ func fakeFirecracker(sock, logPath string) error {
 				return
 			}
 			if err := fakeVsock(v.UDSPath); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		case r.Method == http.MethodPut && r.URL.Path == "/snapshot/load":
+			// Firecracker recreates the vsock device, at the path the
+			// snapshot recorded: the sandbox dir's vsock.sock.
+			if err := fakeVsock(filepath.Join(filepath.Dir(sock), "vsock.sock")); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
@@ -332,5 +341,84 @@ func TestDialVsockRefused(t *testing.T) {
 	if c, err := DialVsock(ctx, sock, AgentPort); err == nil {
 		c.Close()
 		t.Fatal("CONNECT answered FAILURE but DialVsock succeeded")
+	}
+}
+
+// TestCheckpointRestoreSequence checks the snapshot requests: Checkpoint
+// pauses and writes a Full snapshot into the directory (plus the disk and
+// the VM's description); Restore into the same id (the original gone)
+// starts a new Firecracker, loads the snapshot with resume_vm and reaches
+// the agent; a restore into another id is refused (the snapshot names the
+// original's absolute paths).
+func TestCheckpointRestoreSequence(t *testing.T) {
+	d, rootfs := testDriver(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	inst, err := d.Create(ctx, driver.Spec{ID: "fc-c", RootfsDir: rootfs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inst.Destroy(context.Background()) })
+	ck := filepath.Join(filepath.Dir(d.opts.StateDir), "ck")
+	if err := inst.(*Instance).Checkpoint(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{ckptUpper, ckptConfig} {
+		if _, err := os.Stat(filepath.Join(ck, f)); err != nil {
+			t.Errorf("checkpoint file %s: %v", f, err)
+		}
+	}
+	pid := inst.(*Instance).PID()
+	if err := inst.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Restore(ctx, driver.Spec{ID: "fc-other", RootfsDir: rootfs}, ck); !errors.Is(err, driver.ErrUnsupported) {
+		t.Errorf("restore into another id: %v", err)
+	}
+	if _, err := os.Stat(d.sandboxDir("fc-other")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused restore left %s: %v", d.sandboxDir("fc-other"), err)
+	}
+	d2 := &Driver{opts: d.opts, disks: d.disks} // as after a node restart
+	re, err := d2.Restore(ctx, driver.Spec{ID: "fc-c", RootfsDir: rootfs}, ck)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if re.(*Instance).PID() == pid {
+		t.Error("restore reused the old process")
+	}
+	c := client.New(re.Dial)
+	if err := c.Health(ctx); err != nil {
+		t.Errorf("agent after restore: %v", err)
+	}
+	c.Close()
+	calls := readCalls(t, d)
+	var got []string
+	for _, c := range calls {
+		got = append(got, c.Method+" "+c.Path)
+	}
+	want := []string{
+		"PUT /machine-config", "PUT /boot-source",
+		"PUT /drives/root", "PUT /drives/upper", "PUT /drives/agent",
+		"PUT /vsock", "PUT /actions",
+		"PATCH /vm", "PUT /snapshot/create",
+		"PUT /snapshot/load",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("API calls:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var create, load map[string]any
+	_ = json.Unmarshal(calls[8].Body, &create)
+	_ = json.Unmarshal(calls[9].Body, &load)
+	if create["snapshot_type"] != "Full" || create["mem_file_path"] != filepath.Join(ck, ckptMemory) || create["snapshot_path"] != filepath.Join(ck, ckptState) {
+		t.Errorf("snapshot/create %v", create)
+	}
+	if load["snapshot_path"] != filepath.Join(ck, ckptState) || load["mem_file_path"] != filepath.Join(ck, ckptMemory) || load["resume_vm"] != true {
+		t.Errorf("snapshot/load %v", load)
+	}
+	if err := re.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.sandboxDir("fc-c")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox dir left: %v", err)
 	}
 }

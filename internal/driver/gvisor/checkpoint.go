@@ -15,25 +15,49 @@ import (
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 )
 
-// Checkpoint saves the sandbox's whole state (every process with its
-// memory, open files, the agent) into imageDir with `runsc checkpoint`,
-// which stops the sandbox. Its writable layer must be saved alongside
-// (WritableLayer): a restore needs the same files. The instance only needs
-// Destroy afterwards.
+var (
+	_ driver.Checkpointer = (*Instance)(nil)
+	_ driver.Restorer     = (*Driver)(nil)
+)
+
+// Checkpoint implements driver.Checkpointer: it saves the sandbox's whole
+// state (every process with its memory, open files, the agent) into
+// imageDir with `runsc checkpoint -leave-running` on the paused sandbox,
+// and leaves it paused and alive. Its writable layer must be saved
+// alongside, before it resumes (WritableLayer): a restore needs the files
+// of the same moment.
 //
 // gVisor cannot save a listening host socket, so the agent first releases
-// its listener (package agentlisten); an agent without that route makes
-// Checkpoint fail with driver.ErrUnsupported, the sandbox untouched.
+// its listener (package agentlisten); a paused sandbox runs for that
+// moment. An agent without that route makes Checkpoint fail with
+// driver.ErrUnsupported. Agent connections open at the checkpoint break
+// (the node's readers reconnect); the agent listens again once resumed.
 func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
-	if err := i.releaseListener(ctx); err != nil {
+	cs, err := i.d.r.state(ctx, i.id)
+	if err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
-	if _, err := i.d.r.run(ctx, "checkpoint", "-image-path", imageDir, i.id); err != nil {
-		// Let the agent listen again.
-		_ = os.Remove(i.sock + agentlisten.MarkerSuffix)
+	if cs.Status == "paused" {
+		// The agent must answer the release.
+		if err := i.Resume(ctx); err != nil {
+			return err
+		}
+	}
+	if err := i.releaseListener(ctx); err != nil {
+		return errors.Join(fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err), i.Pause(context.WithoutCancel(ctx)))
+	}
+	// Without the marker the agent listens again: at once in a restored
+	// sandbox (its socket dir is fresh), when resumed in this one.
+	defer os.Remove(i.sock + agentlisten.MarkerSuffix)
+	if err := i.Pause(ctx); err != nil {
+		return err
+	}
+	// Checkpointing the paused sandbox keeps it paused: nothing runs
+	// between the saved state and the caller's read of the layer.
+	if _, err := i.d.r.run(ctx, "checkpoint", "-leave-running", "-image-path", imageDir, i.id); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
 	return nil
@@ -66,10 +90,13 @@ func (i *Instance) releaseListener(ctx context.Context) error {
 	return fmt.Errorf("release listener: %s", resp.Status)
 }
 
-// Restore creates sandbox spec.ID from a checkpoint image: the processes
-// continue where they were when Checkpoint ran. spec.InitLayer must fill
-// the writable layer with the checkpointed sandbox's files; spec.Limits
-// should be the checkpointed ones (the sentry keeps its memory size).
+// Restore implements driver.Restorer: it creates sandbox spec.ID from a
+// checkpoint image through Create's own path (network, cgroups, agent
+// wait), so the processes continue where they were when Checkpoint ran.
+// spec.InitLayer must fill the writable layer with the checkpointed
+// sandbox's files; spec.Limits should be the checkpointed ones (the
+// sentry keeps its memory size). runsc restore loads the whole image
+// before it returns, so imageDir may go afterwards.
 func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string) (driver.Instance, error) {
 	if fi, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("gvisor: restore %s: no checkpoint image in %s: %w", spec.ID, imageDir, errors.Join(err, fs.ErrNotExist))

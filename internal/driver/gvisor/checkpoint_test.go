@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,9 +35,10 @@ func counter(t *testing.T, inst driver.Instance) int {
 	return n
 }
 
-// TestCheckpointRestore checkpoints a sandbox running a counting loop,
-// deletes it, and restores it twice (a restore and a fork) from the image
-// on a fresh driver: each continues the count from where it stopped.
+// TestCheckpointRestore checkpoints a sandbox running a counting loop
+// (it stays paused, then continues when resumed), deletes it, and
+// restores it twice (a restore and a fork) from the image on a fresh
+// driver: each continues the count from where it stopped.
 func TestCheckpointRestore(t *testing.T) {
 	requireRunsc(t)
 	base := shortDir(t)
@@ -52,23 +54,40 @@ func TestCheckpointRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tck := time.Since(t0)
-	// Save the layer, as a snapshot would, then delete the sandbox.
+	if cs, err := d.r.state(testCtx(t), inst.id); err != nil || cs.Status != "paused" {
+		t.Fatalf("after checkpoint: %+v %v, want paused", cs, err)
+	}
+	// Save the layer while paused, as a snapshot would.
 	saved := filepath.Join(base, "layer")
 	if out, err := exec.Command("cp", "-a", layer.Dir, saved).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
 	stopped, _ := os.ReadFile(filepath.Join(saved, "root/count"))
 	last := strings.Fields(string(stopped))
+	time.Sleep(200 * time.Millisecond)
+	if again, _ := os.ReadFile(filepath.Join(layer.Dir, "root/count")); string(again) != string(stopped) {
+		t.Errorf("the count moved while the checkpointed sandbox was paused")
+	}
+	// The source continues, and its agent listens again.
+	if err := inst.Resume(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	var src int
+	for i := 0; i < 100; i++ {
+		if _, _, err := drivertest.Sh(testCtx(t), inst, "true"); err == nil {
+			src = counter(t, inst)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if now := counter(t, inst); src == 0 || now <= src {
+		t.Errorf("source after resume: count %d then %d", src, now)
+	}
 	if err := inst.Destroy(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	var size int64
-	_ = filepath.Walk(img, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			size += fi.Size()
-		}
-		return nil
-	})
+	size := dirSize(img)
 
 	d2 := newDriver(t, d.opts) // as after a node restart
 	for _, id := range []string{"ck-restored", "ck-fork"} {
@@ -92,4 +111,73 @@ func TestCheckpointRestore(t *testing.T) {
 			t.Errorf("%s: count file %q", id, out)
 		}
 	}
+}
+
+// BenchmarkCheckpointRestore measures Checkpoint (runsc checkpoint of the
+// paused sandbox, -leave-running) and Restore (a new sandbox from the
+// image, agent answering) for an idle sandbox and one holding 64 MiB of
+// random data in its memory (/dev/shm is sentry memory), and the image
+// size. Each iteration checkpoints the same running source, resumes it and
+// restores the image once as a new sandbox.
+func BenchmarkCheckpointRestore(b *testing.B) {
+	requireRunsc(b)
+	for _, mib := range []int{0, 64} {
+		b.Run(fmt.Sprintf("shm=%dMiB", mib), func(b *testing.B) {
+			base := shortDir(b)
+			d := newDriver(b, testOptions(b, base))
+			src := create(b, d, "bsrc", driver.Limits{MemoryBytes: 512 << 20})
+			drivertest.MustSh(b, src, fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/m bs=1M count=%d 2>/dev/null; sh -c 'while :; do sleep 0.1; done' >/dev/null 2>&1 &", mib))
+			layer, _ := src.WritableLayer()
+			var ck, rs time.Duration
+			var size int64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				img := filepath.Join(base, fmt.Sprintf("img%d", i))
+				saved := filepath.Join(base, fmt.Sprintf("layer%d", i))
+				b.StartTimer()
+				t0 := time.Now()
+				if err := src.Checkpoint(testCtx(b), img); err != nil {
+					b.Fatal(err)
+				}
+				ck += time.Since(t0)
+				b.StopTimer()
+				if out, err := exec.Command("cp", "-a", layer.Dir, saved).CombinedOutput(); err != nil {
+					b.Fatalf("%v %s", err, out)
+				}
+				if err := src.Resume(testCtx(b)); err != nil {
+					b.Fatal(err)
+				}
+				size = dirSize(img)
+				b.StartTimer()
+				t1 := time.Now()
+				re, err := d.Restore(testCtx(b), driver.Spec{ID: fmt.Sprintf("brs%d", i), RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 512 << 20}, InitLayer: copyLayer(saved)}, img)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rs += time.Since(t1)
+				b.StopTimer()
+				if err := re.Destroy(testCtx(b)); err != nil {
+					b.Fatal(err)
+				}
+				_ = os.RemoveAll(img)
+				_ = os.RemoveAll(saved)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(ck.Microseconds())/1000/float64(b.N), "checkpoint-ms")
+			b.ReportMetric(float64(rs.Microseconds())/1000/float64(b.N), "restore-ms")
+			b.ReportMetric(float64(size)/(1<<20), "image-MiB")
+		})
+	}
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
 }

@@ -4,6 +4,8 @@
 //
 // Layout of a sandbox on the host:
 //
+//	<StateDir>/<id>/netns         its network namespace (nsfs bind mount),
+//	                              with Options.Network only
 //	<StateDir>/<id>/upper, work   the writable layer (host overlayfs over the
 //	                              template's read-only rootfs)
 //	<StateDir>/<id>/merged        the overlay, the container's root
@@ -36,6 +38,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +66,7 @@ const (
 	runDirInside  = "/.space/run"
 	sockName      = "agent.sock"
 	runscRootName = "runsc" // under RunDir
+	netnsName     = "netns" // under <StateDir>/<id>: the pinned network namespace
 )
 
 var defaultAgentArgs = []string{"agent", "--listen"}
@@ -93,12 +97,15 @@ type Options struct {
 	CgroupBase string
 	// ReadyTimeout bounds how long Create waits for the agent.
 	ReadyTimeout time.Duration
-	// NetNS, if set, returns the path of a network namespace (holding the
-	// sandbox's veth) that runsc runs the sandbox's netstack over
+	// Network, if set, gives each sandbox a network: the driver makes a
+	// fresh network namespace pinned at <StateDir>/<id>/netns, Network puts
+	// the sandbox's link in it (veth, addresses, host-side rules) before
+	// runsc starts, and runsc runs the sandbox's netstack over that link
 	// (--network=sandbox). Without it the sandbox has no network at all
-	// (--network=none). NetNSCleanup, if set, undoes it on teardown.
-	NetNS        func(ctx context.Context, id string) (string, error)
-	NetNSCleanup func(ctx context.Context, id string) error
+	// (--network=none). The netns dies with the sandbox (and the veth with
+	// it); host-side state the hook made is the caller's to release, as
+	// with the namespace driver's hook (egress.Network.WrapDriver).
+	Network func(ctx context.Context, id, netnsPath string) error
 	// Probe, if set, runs once the agent's socket answers; Create fails if
 	// it does.
 	Probe func(ctx context.Context, inst driver.Instance) error
@@ -338,16 +345,17 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	undo.push(func() { _ = unmountAll(dir) })
 	timing.Overlay = time.Since(tov)
 
-	// 3. Network namespace, if any.
+	// 3. Network namespace, if any: made and wired before runsc starts, so
+	// the host's rules exist before the sandbox's first instruction. The
+	// overlay's undo (unmountAll(dir)) unpins it on failure.
 	network, netnsPath := "none", ""
-	if d.opts.NetNS != nil {
+	if d.opts.Network != nil {
 		tn := time.Now()
-		undo.push(func() {
-			if d.opts.NetNSCleanup != nil {
-				_ = d.opts.NetNSCleanup(context.Background(), id)
-			}
-		})
-		if netnsPath, err = d.opts.NetNS(ctx, id); err != nil {
+		netnsPath = filepath.Join(dir, netnsName)
+		if err := newNetNS(netnsPath); err != nil {
+			return nil, fmt.Errorf("gvisor: network namespace: %w", err)
+		}
+		if err := d.opts.Network(ctx, id, netnsPath); err != nil {
 			return nil, fmt.Errorf("gvisor: network: %w", err)
 		}
 		network = "sandbox"
@@ -538,4 +546,79 @@ func mountsUnder(dir string) ([]string, error) {
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out, nil
+}
+
+// newNetNS makes a fresh network namespace and pins it with a bind mount at
+// path. It unshares on a locked thread and then returns that thread to its
+// own namespace; if it cannot, it leaves the thread locked so the runtime
+// retires it with the goroutine. (A retired main thread is parked, not
+// ended, so returning matters: a parked thread would pin the namespace,
+// and with it the sandbox's veth, for the life of the process.)
+func newNetNS(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o400)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		orig, err := unix.Open(self, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open %s: %w", self, err)
+			return
+		}
+		defer unix.Close(orig)
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		merr := unix.Mount(self, path, "", unix.MS_BIND, "")
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("return to the host netns: %w", err) // thread stays locked
+			return
+		}
+		runtime.UnlockOSThread()
+		if merr != nil {
+			merr = fmt.Errorf("pin %s: %w", path, merr)
+		}
+		errc <- merr
+	}()
+	if err := <-errc; err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		_ = os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// selfTestID names the throwaway sandbox of SelfTest.
+const selfTestID = "space-selftest"
+
+// SelfTest starts and destroys a throwaway sandbox, without a network,
+// over an empty root filesystem: it fails unless runsc, the platform, the
+// user namespace, cgroups and the agent's socket all work here, which
+// `runsc --version` alone does not show.
+func (d *Driver) SelfTest(ctx context.Context) error {
+	root := filepath.Join(d.opts.StateDir, ".selftest-root") // not an id: Sweep skips it
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("gvisor: self-test: %w", err)
+	}
+	defer os.RemoveAll(root)
+	// A leftover of a crashed self-test would make Create refuse the id.
+	_ = d.teardown(ctx, selfTestID, state{ID: selfTestID})
+	plain := *d
+	plain.opts.Network = nil
+	plain.opts.Probe = nil
+	inst, err := plain.create(ctx, driver.Spec{ID: selfTestID, RootfsDir: root}, "")
+	if err != nil {
+		return fmt.Errorf("gvisor: self-test: %w", err)
+	}
+	if err := inst.Destroy(ctx); err != nil {
+		return fmt.Errorf("gvisor: self-test: %w", err)
+	}
+	return nil
 }

@@ -176,11 +176,8 @@ func (d *Driver) teardown(ctx context.Context, id string, st state) error {
 		return fmt.Errorf("gvisor: destroy %s: %w", id, errors.Join(errs...))
 	}
 	d.removeRunscFiles(id)
-	if d.opts.NetNSCleanup != nil && st.Network == "sandbox" {
-		if err := d.opts.NetNSCleanup(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("network: %w", err))
-		}
-	}
+	// unmountAll(dir) also unpins the network namespace (<dir>/netns): with
+	// runsc's processes gone, the netns and the sandbox's veth go with it.
 	dir := d.sandboxDir(id)
 	if err := unmountAll(dir); err != nil {
 		errs = append(errs, err)

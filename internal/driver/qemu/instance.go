@@ -1,15 +1,17 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
 )
@@ -27,6 +29,8 @@ type Instance struct {
 	active    int         // open streams on sess
 	idle      *time.Timer // closes sess after idleClose without streams
 	destroyed bool
+
+	limMu sync.Mutex // SetLimits and Checkpoint, one at a time; guards st
 }
 
 // idleClose is how long a session with no open stream is kept. QEMU's
@@ -197,22 +201,122 @@ func (i *Instance) release(s *vmux.Session) {
 	})
 }
 
-// SetLimits implements driver.Instance. A VM's memory and vCPUs are fixed
-// at boot (no balloon or hotplug here), and the guest kernel, not the
-// host, bounds its tasks; limits equal to the boot size are accepted.
+// SetLimits implements driver.Instance. CPU bandwidth is the host
+// cgroup's quota on QEMU, changed at once. Memory is the guest's size:
+// shrinking (or growing back up to the boot size) moves the virtio
+// balloon, and the host cgroup follows it; growing past the boot size
+// needs memory hotplug, which is not done, and fails with
+// driver.ErrUnsupported. The vCPU count is fixed at boot, and Pids is
+// not applied: the guest kernel bounds the sandbox's tasks, the host
+// cgroup only QEMU's own threads.
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
-	mem, cpus := i.d.vmSize(l)
-	if (l.MemoryBytes > 0 && mem != i.st.MemoryMiB) || (l.CPUMillis > 0 && cpus != i.st.CPUs) {
-		return fmt.Errorf("qemu: resizing a running VM (%d MiB, %d vCPU): %w", i.st.MemoryMiB, i.st.CPUs, driver.ErrUnsupported)
+	i.limMu.Lock()
+	defer i.limMu.Unlock()
+	target := i.st.MemoryMiB
+	if l.MemoryBytes > 0 {
+		target, _ = i.d.vmSize(l)
 	}
-	return nil
+	if target > i.st.MemoryMiB {
+		return fmt.Errorf("qemu: growing a running VM past its boot size (%d MiB, asked %d MiB): %w", i.st.MemoryMiB, target, driver.ErrUnsupported)
+	}
+	g := i.d.cg.Open(i.st.Cgroups)
+	cur := i.st.MemoryMiB
+	if i.st.BalloonMiB > 0 {
+		cur = i.st.BalloonMiB
+	}
+	// Growing: the host budget first, then the guest; shrinking: the
+	// guest first, and the host budget once the guest gave it back.
+	if target >= cur {
+		if err := g.SetLimits(i.d.hostLimits(target, l)); err != nil {
+			return fmt.Errorf("qemu: cgroup: %w", err)
+		}
+	}
+	if target != cur {
+		if err := i.balloon(ctx, target); err != nil {
+			return err
+		}
+	}
+	if target < cur {
+		if err := g.SetLimits(i.d.hostLimits(target, l)); err != nil {
+			return fmt.Errorf("qemu: cgroup: %w", err)
+		}
+	}
+	i.st.Limits = l
+	i.st.BalloonMiB = target
+	if target == i.st.MemoryMiB {
+		i.st.BalloonMiB = 0
+	}
+	return i.d.writeState(i.id, i.st)
 }
 
-// OOMKills implements driver.Instance. OOM kills happen in the guest
-// kernel, which the host does not see.
-func (i *Instance) OOMKills() (uint64, error) {
-	return 0, fmt.Errorf("qemu: OOM kills happen inside the guest: %w", driver.ErrUnsupported)
+// balloon sets the guest's size to mib and waits until the guest has
+// given back (or taken) the difference.
+func (i *Instance) balloon(ctx context.Context, mib int) error {
+	q, err := dialQMP(ctx, i.d.qmpSock(i.id), i.exited)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	want := int64(mib) << 20
+	if err := q.run("balloon", map[string]any{"value": want}, nil); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, balloonTimeout)
+	defer cancel()
+	for {
+		var b struct {
+			Actual int64 `json:"actual"`
+		}
+		if err := q.run("query-balloon", nil, &b); err != nil {
+			return err
+		}
+		if d := b.Actual - want; d > -1<<20 && d < 1<<20 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: sandbox %s: the guest is at %d MiB, not the %d MiB asked: %w", i.id, b.Actual>>20, mib, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
+
+// balloonTimeout bounds how long the guest gets to move its balloon.
+const balloonTimeout = 20 * time.Second
+
+// OOMKills implements driver.Instance: the guest kernel's count
+// (oom_kill in /proc/vmstat, read through the agent). It is the
+// sandbox's own word, fit for labelling an exit, not for policy. An OOM
+// kill of QEMU by the host cgroup ends the whole sandbox instead.
+func (i *Instance) OOMKills() (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := client.New(i.Dial)
+	defer c.Close()
+	rc, _, err := c.Download(ctx, "/proc/vmstat")
+	if err != nil {
+		return 0, fmt.Errorf("qemu: sandbox %s: vmstat: %w", i.id, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 64<<10))
+	if err != nil {
+		return 0, fmt.Errorf("qemu: sandbox %s: vmstat: %w", i.id, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("qemu: sandbox %s: vmstat: %w", i.id, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("qemu: sandbox %s: no oom_kill in the guest's vmstat", i.id)
+}
+
+// Done is closed when the VM exits on its own (nil for an instance
+// re-adopted with Attach: its QEMU is not this process's child).
+func (i *Instance) Done() <-chan struct{} { return i.exited }
 
 // Destroy implements driver.Instance: SIGKILL to QEMU (there is no guest
 // state worth a clean shutdown), then sockets and disk files go.
@@ -240,55 +344,12 @@ func (i *Instance) Resume(ctx context.Context) error { return i.qmp(ctx, "cont")
 
 // qmp runs one argument-less QMP command on the VM's monitor socket.
 func (i *Instance) qmp(ctx context.Context, command string) error {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, "unix", i.d.qmpSock(i.id))
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := dialQMP(ctx, i.d.qmpSock(i.id), i.exited)
 	if err != nil {
-		return fmt.Errorf("qemu: qmp: %w", err)
+		return err
 	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	} else {
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	}
-	return qmpExchange(c, command)
-}
-
-// qmpExchange reads the greeting, negotiates capabilities and runs
-// command, skipping asynchronous events.
-func qmpExchange(c net.Conn, command string) error {
-	dec := json.NewDecoder(bufio.NewReader(c))
-	var greeting map[string]json.RawMessage
-	if err := dec.Decode(&greeting); err != nil {
-		return fmt.Errorf("qemu: qmp greeting: %w", err)
-	}
-	if _, ok := greeting["QMP"]; !ok {
-		return errors.New("qemu: qmp: no greeting")
-	}
-	for _, cmd := range []string{"qmp_capabilities", command} {
-		if err := json.NewEncoder(c).Encode(map[string]string{"execute": cmd}); err != nil {
-			return fmt.Errorf("qemu: qmp %s: %w", cmd, err)
-		}
-		for {
-			var resp struct {
-				Return json.RawMessage `json:"return"`
-				Error  *struct {
-					Class string `json:"class"`
-					Desc  string `json:"desc"`
-				} `json:"error"`
-				Event string `json:"event"`
-			}
-			if err := dec.Decode(&resp); err != nil {
-				return fmt.Errorf("qemu: qmp %s: %w", cmd, err)
-			}
-			if resp.Event != "" {
-				continue
-			}
-			if resp.Error != nil {
-				return fmt.Errorf("qemu: qmp %s: %s: %s", cmd, resp.Error.Class, resp.Error.Desc)
-			}
-			break
-		}
-	}
-	return nil
+	defer q.Close()
+	return q.run(command, nil, nil)
 }

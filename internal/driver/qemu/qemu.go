@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/space-sandbox/space/internal/agent/client"
+	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
 	"github.com/space-sandbox/space/internal/vmimage"
@@ -61,6 +62,16 @@ const (
 	guestOverheadMiB = 64
 	maxSocketPath    = 107
 	handshakeTimeout = 2 * time.Second
+	// tcgBufferMiB bounds TCG's translated-code cache (QEMU's default is
+	// 1 GiB, filled lazily), so the host budget below holds.
+	tcgBufferMiB = 128
+	// qemuOverheadMiB is QEMU's own memory besides guest RAM and the
+	// TCG buffer (binary, device state, I/O buffers, page cache of
+	// its disk writes, which the cgroup reclaims first).
+	qemuOverheadMiB = 128
+	// qemuMaxThreads bounds QEMU's threads on the host (vCPUs, I/O
+	// workers: its thread pool grows to 64).
+	qemuMaxThreads = 256
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
@@ -95,12 +106,21 @@ type Options struct {
 	// ReadyTimeout bounds boot to agent ready; default 60s (TCG boots take
 	// ≈ 2.5 s on an idle host, far more on a loaded one).
 	ReadyTimeout time.Duration
-	Logf         func(format string, args ...any)
+	// CgroupBase names the cgroup directory of the VMs (below the node's
+	// own cgroup in every hierarchy); default "space-qemu".
+	CgroupBase string
+	// Network, if set, gives every VM a NIC: QEMU runs in a network
+	// namespace of its own, Network sets that namespace up (pid is
+	// QEMU's; the egress gateway's link and rules, as for a namespace
+	// sandbox's PID 1), and the driver routes the guest's tap onto it.
+	Network func(ctx context.Context, id string, pid int) error
+	Logf    func(format string, args ...any)
 }
 
 // Driver implements driver.Driver with QEMU microVMs.
 type Driver struct {
 	opts Options
+	cg   *cgroups.Manager
 
 	imgMu   sync.Mutex
 	boot    *bootFiles         // vmlinux + initramfs, built once
@@ -177,12 +197,19 @@ func New(opts Options) (*Driver, error) {
 	if room := maxSocketPath - len(opts.RunDir) - len("/.agent"); room < 16 {
 		return nil, fmt.Errorf("qemu: RunDir %q too long for unix socket paths", opts.RunDir)
 	}
+	if opts.CgroupBase == "" {
+		opts.CgroupBase = "space-qemu"
+	}
+	cg, err := cgroups.New(opts.CgroupBase)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	for _, d := range []string{opts.StateDir, opts.RunDir, filepath.Join(opts.StateDir, "_images")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("qemu: %w", err)
 		}
 	}
-	d := &Driver{opts: opts}
+	d := &Driver{opts: opts, cg: cg}
 	d.disks = &vmimage.RootDisks{Dir: d.imageDir()}
 	return d, nil
 }
@@ -224,12 +251,31 @@ func (d *Driver) rootDisk(ctx context.Context, rootfs string) (string, error) {
 	return p, nil
 }
 
-// state is what a sandbox leaves on disk for Attach and Sweep.
-type state struct {
-	PID       int    `json:"pid"`
-	StartTime uint64 `json:"start_time"`
+// vmConfig is everything the QEMU command line is made from besides the
+// sandbox's id and dir. A checkpoint keeps it: an incoming migration needs
+// the same machine as the one that was saved.
+type vmConfig struct {
+	Hostname  string `json:"hostname,omitempty"`
 	MemoryMiB int    `json:"memory_mib"`
 	CPUs      int    `json:"cpus"`
+	Vmlinux   string `json:"vmlinux"`
+	Initramfs string `json:"initramfs"`
+	AgentDisk string `json:"agent_disk"`
+	RootDisk  string `json:"root_disk"`
+	Net       bool   `json:"net,omitempty"`
+}
+
+// state is what a sandbox leaves on disk for Attach and Sweep.
+type state struct {
+	PID       int           `json:"pid"`
+	StartTime uint64        `json:"start_time"`
+	MemoryMiB int           `json:"memory_mib"` // boot size
+	CPUs      int           `json:"cpus"`
+	VM        vmConfig      `json:"vm"`
+	Cgroups   cgroups.Paths `json:"cgroups"`
+	// BalloonMiB is the guest size SetLimits asked for (0: boot size).
+	BalloonMiB int           `json:"balloon_mib,omitempty"`
+	Limits     driver.Limits `json:"limits"`
 }
 
 func (d *Driver) readState(id string) (state, error) {
@@ -239,6 +285,21 @@ func (d *Driver) readState(id string) (state, error) {
 		return st, err
 	}
 	return st, json.Unmarshal(b, &st)
+}
+
+func (d *Driver) writeState(id string, st state) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("qemu: %w", err)
+	}
+	tmp := filepath.Join(d.sandboxDir(id), "state.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("qemu: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.sandboxDir(id), "state.json")); err != nil {
+		return fmt.Errorf("qemu: %w", err)
+	}
+	return nil
 }
 
 type cleanup []func()
@@ -261,6 +322,18 @@ func (d *Driver) vmSize(l driver.Limits) (memMiB, cpus int) {
 		cpus = max(int((l.CPUMillis+999)/1000), 1)
 	}
 	return memMiB, cpus
+}
+
+// hostLimits is the host cgroup budget of a VM whose guest has memMiB:
+// the guest's RAM, TCG's code buffer and QEMU's own memory; QEMU's
+// threads (vCPUs, I/O workers) bounded by a fixed number, because the
+// sandbox's own tasks live in the guest kernel; CPU bandwidth as asked.
+func (d *Driver) hostLimits(memMiB int, l driver.Limits) cgroups.Limits {
+	mem := memMiB + qemuOverheadMiB
+	if d.opts.Accel == "tcg" {
+		mem += tcgBufferMiB
+	}
+	return cgroups.Limits{MemoryBytes: int64(mem) << 20, CPUMillis: l.CPUMillis, Pids: qemuMaxThreads}
 }
 
 // Create implements driver.Driver.
@@ -292,7 +365,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 			undo.run()
 		}
 	}()
-	undo.push(func() { _ = os.RemoveAll(dir) })
+	undo.push(func() { _ = d.remove(context.Background(), id) })
 
 	boot, err := d.bootFiles(ctx)
 	if err != nil {
@@ -302,39 +375,92 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if err != nil {
 		return nil, err
 	}
-	upper := filepath.Join(dir, "upper.ext4")
-	if err := vmimage.BlankDisk(ctx, upper, d.opts.UpperSize); err != nil {
+	if err := vmimage.BlankDisk(ctx, filepath.Join(dir, "upper.ext4"), d.opts.UpperSize); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	tDisk := time.Now()
-
 	memMiB, cpus := d.vmSize(spec.Limits)
-	agentSock, qmpSock := d.agentSock(id), d.qmpSock(id)
-	_ = os.Remove(agentSock)
-	_ = os.Remove(qmpSock)
-	undo.push(func() { _ = os.Remove(agentSock); _ = os.Remove(qmpSock) })
+	cfg := vmConfig{Hostname: spec.Hostname, MemoryMiB: memMiB, CPUs: cpus, Vmlinux: boot.vmlinux,
+		Initramfs: boot.initramfs, AgentDisk: boot.agentDisk, RootDisk: root, Net: d.opts.Network != nil}
+	inst, err := d.launch(ctx, id, cfg, nil, spec.Limits)
+	if err != nil {
+		return nil, err
+	}
+	inst.timing = driver.Timing{Overlay: tDisk.Sub(t0), Network: inst.timing.Network, Cgroups: inst.timing.Cgroups,
+		AgentReady: time.Since(tDisk), Total: time.Since(t0)}
+	d.opts.Logf("qemu: sandbox %s ready in %v (%s, %d MiB, %d vCPU)", id, inst.timing.Total, d.opts.Accel, memMiB, cpus)
+	return inst, nil
+}
+
+// Guest-side addressing of a VM's NIC. Every VM has the same: the NIC is
+// a tap in QEMU's own network namespace, which routes and masquerades it
+// onto the sandbox's veth (the egress gateway's link), so a restored or
+// forked VM keeps a valid address whatever link it lands on.
+const (
+	tapName  = "vmtap0"
+	tapAddr  = "169.254.0.1/30"
+	guestNet = "169.254.0.2/30,169.254.0.1"
+	guestMAC = "52:54:00:00:00:02"
+	tapMAC   = "52:54:00:00:00:01"
+)
+
+// args is the QEMU command line of sandbox id.
+func (d *Driver) args(id string, cfg vmConfig) []string {
+	dir := d.sandboxDir(id)
 	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=2000000 no_timer_check reboot=t"
-	if spec.Hostname != "" {
-		cmdline += " space.hostname=" + spec.Hostname
+	if cfg.Hostname != "" {
+		cmdline += " space.hostname=" + cfg.Hostname
+	}
+	if cfg.Net {
+		cmdline += " space.net=" + guestNet
+	}
+	accel := d.opts.Accel
+	if accel == "tcg" {
+		accel += ",tb-size=" + strconv.Itoa(tcgBufferMiB)
 	}
 	args := []string{
 		"-name", "space-" + id,
 		"-M", "microvm,x-option-roms=off,rtc=off,isa-serial=on",
-		"-accel", d.opts.Accel,
-		"-m", strconv.Itoa(memMiB), "-smp", strconv.Itoa(cpus),
+		"-accel", accel,
+		"-m", strconv.Itoa(cfg.MemoryMiB), "-smp", strconv.Itoa(cfg.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		// Stopped until the host has placed it in its cgroup and network.
+		"-S",
 		"-serial", "file:" + filepath.Join(dir, "console.log"),
-		"-kernel", boot.vmlinux, "-initrd", boot.initramfs, "-append", cmdline,
-		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + root,
+		"-kernel", cfg.Vmlinux, "-initrd", cfg.Initramfs, "-append", cmdline,
+		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + cfg.RootDisk,
 		"-device", "virtio-blk-device,drive=root,serial=" + vmimage.SerialRoot,
-		"-drive", "id=upper,if=none,format=raw,file=" + upper,
+		"-drive", "id=upper,if=none,format=raw,file=" + filepath.Join(dir, "upper.ext4"),
 		"-device", "virtio-blk-device,drive=upper,serial=" + vmimage.SerialUpper,
-		"-drive", "id=agent,if=none,format=raw,readonly=on,file=" + boot.agentDisk,
+		"-drive", "id=agent,if=none,format=raw,readonly=on,file=" + cfg.AgentDisk,
 		"-device", "virtio-blk-device,drive=agent,serial=" + vmimage.SerialAgent,
 		"-device", "virtio-serial-device,max_ports=2",
-		"-chardev", "socket,id=agent,path=" + agentSock + ",server=on,wait=off",
+		"-chardev", "socket,id=agent,path=" + d.agentSock(id) + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + PortName,
-		"-qmp", "unix:" + qmpSock + ",server=on,wait=off",
+		"-device", "virtio-balloon-device,id=balloon0",
+		"-qmp", "unix:" + d.qmpSock(id) + ",server=on,wait=off",
+	}
+	if cfg.Net {
+		args = append(args,
+			"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net0,mac="+guestMAC)
+	}
+	return args
+}
+
+// launch starts QEMU for sandbox id (whose dir holds upper.ext4), stopped;
+// puts it in its cgroup and network; loads incoming (a saved migration
+// stream) if given; lets it run and waits for its agent. On error the
+// caller removes the sandbox.
+func (d *Driver) launch(ctx context.Context, id string, cfg vmConfig, incoming *os.File, l driver.Limits) (*Instance, error) {
+	dir := d.sandboxDir(id)
+	agentSock, qmpSock := d.agentSock(id), d.qmpSock(id)
+	_ = os.Remove(agentSock)
+	_ = os.Remove(qmpSock)
+	args := d.args(id, cfg)
+	if incoming != nil {
+		// fd 3 in QEMU: the first of ExtraFiles.
+		args = append(args, "-incoming", "fd:3")
 	}
 	logf, err := os.Create(filepath.Join(dir, "qemu.log"))
 	if err != nil {
@@ -342,8 +468,16 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	}
 	cmd := exec.Command(d.opts.QEMU, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own session: the VM outlives the node process (Attach).
+	if incoming != nil {
+		cmd.ExtraFiles = []*os.File{incoming}
+	}
+	// Its own session: the VM outlives the node process (Attach). Its own
+	// network namespace when it has a NIC: the tap lives there, and that
+	// namespace is what the egress network sets up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cfg.Net {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	err = cmd.Start()
 	logf.Close()
 	if err != nil {
@@ -352,29 +486,96 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	d.running.Store(id, exited)
-	undo.push(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		d.running.Delete(id)
-	})
 	start, _, err := procStat(cmd.Process.Pid)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	st := state{PID: cmd.Process.Pid, StartTime: start, MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs, VM: cfg,
+		Cgroups: d.cg.Paths(id), Limits: l}
+	if err := d.writeState(id, st); err != nil {
+		_ = cmd.Process.Kill()
+		return nil, err
+	}
+	inst := d.newInstance(id, st, exited)
+
+	tcg := time.Now()
+	g, err := d.cg.Create(id)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	st := state{PID: cmd.Process.Pid, StartTime: start, MemoryMiB: memMiB, CPUs: cpus}
-	b, _ := json.Marshal(st)
-	if err := os.WriteFile(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
+	// CPU bandwidth applies once the agent is ready: the guest kernel's
+	// boot is the platform's cost, not the sandbox's.
+	if err := g.SetLimits(d.hostLimits(cfg.MemoryMiB, driver.Limits{})); err != nil {
+		return nil, fmt.Errorf("qemu: cgroup: %w", err)
+	}
+	if err := g.Attach(st.PID); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	inst := d.newInstance(id, st, exited)
+	inst.timing.Cgroups = time.Since(tcg)
+	q, err := dialQMP(ctx, qmpSock, exited)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: sandbox %s: %w%s", id, err, d.logTail(id))
+	}
+	defer q.Close()
+	// QMP answers once QEMU has made its devices, the tap included.
+	if cfg.Net {
+		tn := time.Now()
+		if err := d.opts.Network(ctx, id, st.PID); err != nil {
+			return nil, fmt.Errorf("qemu: network: %w", err)
+		}
+		if err := routeTap(st.PID); err != nil {
+			return nil, fmt.Errorf("qemu: network: %w", err)
+		}
+		inst.timing.Network = time.Since(tn)
+	}
+	if incoming != nil {
+		if err := waitIncoming(ctx, q, exited); err != nil {
+			return nil, fmt.Errorf("qemu: sandbox %s: restore: %w%s", id, err, d.logTail(id))
+		}
+	}
+	if err := q.run("cont", nil, nil); err != nil {
+		return nil, fmt.Errorf("qemu: sandbox %s: %w", id, err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
 	defer cancel()
-	if err := inst.waitReady(rctx, 0); err != nil {
+	attempt := time.Duration(0)
+	if incoming != nil {
+		// The restored guest may hold half a frame of the session that
+		// was open when it was saved; bound each handshake, as Attach does.
+		attempt = 3 * time.Second
+	}
+	if err := inst.waitReady(rctx, attempt); err != nil {
 		return nil, fmt.Errorf("qemu: sandbox %s: agent not ready: %w%s", id, err, d.logTail(id))
 	}
-	inst.timing = driver.Timing{Overlay: tDisk.Sub(t0), AgentReady: time.Since(tDisk), Total: time.Since(t0)}
-	d.opts.Logf("qemu: sandbox %s ready in %v (%s, %d MiB, %d vCPU)", id, inst.timing.Total, d.opts.Accel, memMiB, cpus)
+	if err := g.SetLimits(d.hostLimits(cfg.MemoryMiB, l)); err != nil {
+		return nil, fmt.Errorf("qemu: cgroup: %w", err)
+	}
 	return inst, nil
+}
+
+// waitIncoming waits until an incoming migration has loaded (QEMU started
+// with -S stays paused after it).
+func waitIncoming(ctx context.Context, q *qmpConn, exited <-chan struct{}) error {
+	for {
+		st, err := q.status()
+		if err != nil {
+			return err
+		}
+		if st != "inmigrate" && st != "prelaunch" {
+			if st != "paused" {
+				return fmt.Errorf("VM in state %q after loading", st)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-exited:
+			return errors.New("the VM exited while loading")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 func (d *Driver) logTail(id string) string {
@@ -451,6 +652,14 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 	}
 	d.running.Delete(id)
 	var errs []error
+	// The cgroup: whatever is still in it dies (a QEMU whose state file
+	// was lost), then the group goes.
+	g := d.cg.Open(d.cg.Paths(id))
+	if err := g.Kill(ctx); err != nil {
+		errs = append(errs, err)
+	} else if err := g.Remove(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for _, p := range []string{d.agentSock(id), d.qmpSock(id)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
@@ -495,6 +704,19 @@ func (d *Driver) Sweep(ctx context.Context, keep map[string]bool) error {
 		}
 		if err := d.remove(ctx, id); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// Groups whose sandbox dir is already gone.
+	if ids, err := d.cg.List(); err == nil {
+		for _, id := range ids {
+			if keep[id] || !idRE.MatchString(id) {
+				continue
+			}
+			if _, err := os.Stat(d.sandboxDir(id)); errors.Is(err, fs.ErrNotExist) {
+				if err := d.remove(ctx, id); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
 	}
 	// Sockets whose sandbox dir is already gone.

@@ -239,7 +239,13 @@ class Sandbox:
         return self._lifecycle("pause", wait)
 
     def resume(self, wait=True):
+        """Resume a paused or hibernated sandbox."""
         return self._lifecycle("resume", wait)
+
+    def hibernate(self, wait=True):
+        """Snapshot the sandbox and release its instance (state hibernated); resume() starts it
+        again from that snapshot with the same id. Processes start afresh (filesystem-only)."""
+        return self._lifecycle("hibernate", wait)
 
     def snapshot(self, wait=True):
         """Capture the sandbox's filesystem (not its processes); return the Snapshot."""

@@ -241,8 +241,20 @@ class IntegrationTest(unittest.TestCase):
                 self.assertEqual(fork.files.read_text("/data/note.txt"), "kept")
             finally:
                 fork.delete()
+            # Hibernate releases the instance; resume starts it again under the same id,
+            # with its files, and the session still works.
+            sb.files.write_text("/data/later.txt", "after the snapshot")
+            sb.hibernate()
+            self.assertEqual(sb.state, "hibernated")
+            with self.assertRaises(space.SpaceError):
+                sb.run("true")
+            sb.resume()
+            self.assertEqual(sb.state, "running")
+            self.assertEqual(sb.files.read_text("/data/later.txt"), "after the snapshot")
         finally:
             sb.delete()
+            for s in sorted(self.client.list_snapshots(sandbox_id=sb.id), key=lambda s: s.created_at, reverse=True):
+                self.client.delete_snapshot(s.id)
 
 
 def _host_port(url):

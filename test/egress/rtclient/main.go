@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -106,6 +107,79 @@ func main() {
 		_, err = c.Write([]byte(a[1]))
 		check(err)
 		fmt.Println("OK sent")
+	case "udps": // udps PAYLOAD ADDR...: one datagram to each (broadcast allowed)
+		for _, to := range a[1:] {
+			ua, err := net.ResolveUDPAddr("udp4", to)
+			if err != nil {
+				fmt.Println("ERR", to, err)
+				continue
+			}
+			c, err := net.ListenUDP("udp4", nil)
+			if err == nil {
+				if rc, e := c.SyscallConn(); e == nil {
+					rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1) })
+				}
+				_, err = c.WriteToUDP([]byte(a[0]), ua)
+				c.Close()
+			}
+			fmt.Println("sent", to, err)
+		}
+		fmt.Println("OK")
+	case "tlsauth": // tlsauth ADDR SNI HOST PATH AUTH: TLS without certificate checks, Authorization ($VARS expanded)
+		c := tls.Client(dial(a[0]), &tls.Config{ServerName: a[1], InsecureSkipVerify: true})
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		check(c.Handshake())
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nConnection: close\r\n\r\n", a[3], a[2], os.ExpandEnv(a[4]))
+		readAll(c)
+	case "httpm": // httpm ADDR HOST PATH METHOD BODY: verified TLS, any method, a body
+		c := tls.Client(dial(a[0]), &tls.Config{ServerName: a[1]})
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		check(c.Handshake())
+		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", a[3], a[2], a[1], len(a[4]), a[4])
+		readAll(c)
+	case "icmp": // icmp ADDR... PAYLOAD
+		icmpEcho(a[:len(a)-1], a[len(a)-1])
+	case "proto": // proto ADDR PAYLOAD
+		protos(a[0], a[1])
+	case "frag": // frag ADDR PAYLOAD
+		frags(a[0], a[1])
+	case "spoof": // spoof SRC ADDR PAYLOAD
+		spoof(a[0], a[1], a[2])
+	case "route": // route ADDR PAYLOAD
+		routes(a[0], a[1])
+	case "v6": // v6 PAYLOAD
+		v6(a[0])
+	case "loop": // loop: a TCP exchange over the sandbox's own loopback (the blocked mode's positive control)
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		check(err)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				io.WriteString(c, "loopback ok")
+				c.Close()
+			}
+		}()
+		readAll(dial(ln.Addr().String()))
+	case "listen": // listen ADDR LOGFILE REPLY: accept forever, append what each connection sent to LOGFILE, answer REPLY
+		ln, err := net.Listen("tcp4", a[0])
+		check(err)
+		fmt.Println("OK listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(3 * time.Second))
+				b := make([]byte, 2048)
+				n, _ := c.Read(b)
+				if f, err := os.OpenFile(a[1], os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+					fmt.Fprintf(f, "from %s: %q\n", c.RemoteAddr(), b[:n])
+					f.Close()
+				}
+				io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\n"+a[2]+"\n")
+			}()
+		}
 	case "flood": // flood ADDR N: hold N connections open at once
 		n, _ := strconv.Atoi(a[1])
 		var wg sync.WaitGroup

@@ -1,0 +1,209 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/httpx"
+)
+
+// BuildfileRequest is a build-file build: the build file's text and the
+// directory the uploaded build context was extracted to ("" for none).
+type BuildfileRequest struct {
+	Name       string
+	File       []byte
+	ContextDir string
+}
+
+// TemplateAdmin is implemented by template back ends that build from build
+// files, delete and alias templates (the server's). Without it those routes
+// answer 501.
+type TemplateAdmin interface {
+	ValidateBuildfile(b []byte) error
+	ExtractContext(ctx context.Context, r io.Reader, dir string) error
+	BuildFromFile(ctx context.Context, req BuildfileRequest, progress core.Progress) (any, error)
+	DeleteTemplate(ctx context.Context, name string) error
+	AliasTemplate(ctx context.Context, name, alias string) (core.TemplateInfo, error)
+}
+
+// taggedNameRE is a template name with an optional tag ("py:3.12").
+var taggedNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,63})?$`)
+
+const (
+	maxBuildfile      = 256 << 10
+	maxBuildContext   = 8 << 30
+	buildNameRuleText = "name must match ^[a-z0-9][a-z0-9._-]{0,63} with an optional :tag of the same form"
+)
+
+func (s *Server) templateAdmin() (TemplateAdmin, error) {
+	a, ok := s.o.Templates.(TemplateAdmin)
+	if !ok {
+		return nil, httpx.Errorf(http.StatusNotImplemented, "unimplemented", "this server cannot build, delete or alias templates")
+	}
+	return a, nil
+}
+
+// buildTemplateFile starts a build from a build file: multipart/form-data
+// with a "buildfile" part (the text, ≤ 256 KiB) and an optional "context"
+// part (a tar of the build context, ≤ 8 GiB), ?name=NAME[:TAG]. The context
+// is extracted (hardened, bounded) while the request is read and removed
+// when the build ends.
+func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	a, err := s.templateAdmin()
+	if err != nil {
+		return err
+	}
+	name := r.URL.Query().Get("name")
+	if !taggedNameRE.MatchString(name) {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", buildNameRuleText)
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxBuildContext+maxBuildfile+1<<20)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "body must be multipart/form-data with a buildfile part and an optional context part (a tar)")
+	}
+	dir, err := os.MkdirTemp("", "space-build-context-")
+	if err != nil {
+		return fmt.Errorf("build context: %w", err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			os.RemoveAll(dir)
+		}
+	}()
+	var file []byte
+	haveContext := false
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return bodyError(err, "reading the multipart body")
+		}
+		switch part.FormName() {
+		case "buildfile":
+			if file != nil {
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "more than one buildfile part")
+			}
+			b, err := io.ReadAll(io.LimitReader(part, maxBuildfile+1))
+			if err != nil {
+				return bodyError(err, "reading the build file")
+			}
+			if len(b) > maxBuildfile {
+				return httpx.Errorf(http.StatusRequestEntityTooLarge, "body_too_large", "build file larger than %d bytes", maxBuildfile)
+			}
+			// Checked at once: a bad build file should not wait for (or
+			// unpack) a large context sent after it.
+			if err := a.ValidateBuildfile(b); err != nil {
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "%s", trimErr(err))
+			}
+			file = b
+		case "context":
+			if haveContext {
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "more than one context part")
+			}
+			haveContext = true
+			if err := a.ExtractContext(r.Context(), part, dir); err != nil {
+				var mbe *http.MaxBytesError
+				if errors.As(err, &mbe) {
+					return httpx.Errorf(http.StatusRequestEntityTooLarge, "body_too_large", "build context larger than %d bytes", int64(maxBuildContext))
+				}
+				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "build context: %s", trimErr(err))
+			}
+		default:
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown part %.64q (want buildfile, context)", part.FormName())
+		}
+		part.Close()
+	}
+	if file == nil {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "missing the buildfile part")
+	}
+	req := BuildfileRequest{Name: name, File: file}
+	if haveContext {
+		req.ContextDir = dir
+	}
+	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
+	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
+		defer os.RemoveAll(dir)
+		return a.BuildFromFile(ctx, req, progress)
+	})
+	if err != nil {
+		return err
+	}
+	keep = got.ID == op.ID // the operation owns the directory now; a replay does not
+	w.Header().Set("Location", "/v1/operations/"+got.ID)
+	httpx.WriteJSON(w, http.StatusAccepted, map[string]any{"operation": got})
+	return nil
+}
+
+func bodyError(err error, what string) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return httpx.Errorf(http.StatusRequestEntityTooLarge, "body_too_large", "request body too large")
+	}
+	return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "%s: %s", what, trimErr(err))
+}
+
+// trimErr bounds an error message echoed to a client.
+func trimErr(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "invalid argument: ")
+	if len(msg) > 512 {
+		msg = msg[:512] + "…"
+	}
+	return msg
+}
+
+// deleteTemplate removes a template name; 409 while a sandbox uses it.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	a, err := s.templateAdmin()
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	if !taggedNameRE.MatchString(name) {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
+	}
+	if err := a.DeleteTemplate(r.Context(), name); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// aliasTemplate points another name (or name:tag) at the same immutable
+// template: {"alias":"py:stable"}.
+func (s *Server) aliasTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	a, err := s.templateAdmin()
+	if err != nil {
+		return err
+	}
+	var req struct {
+		Alias string `json:"alias"`
+	}
+	if err := httpx.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	if !taggedNameRE.MatchString(name) {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
+	}
+	if !taggedNameRE.MatchString(req.Alias) {
+		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "alias: %s", buildNameRuleText)
+	}
+	t, err := a.AliasTemplate(r.Context(), name, req.Alias)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, t)
+	return nil
+}
