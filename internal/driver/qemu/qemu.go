@@ -517,26 +517,31 @@ func (d *Driver) launch(ctx context.Context, id string, cfg vmConfig, incoming *
 	if err != nil {
 		return nil, fmt.Errorf("qemu: sandbox %s: %w%s", id, err, d.logTail(id))
 	}
-	defer q.Close()
 	// QMP answers once QEMU has made its devices, the tap included.
 	if cfg.Net {
 		tn := time.Now()
 		if err := d.opts.Network(ctx, id, st.PID); err != nil {
+			q.Close()
 			return nil, fmt.Errorf("qemu: network: %w", err)
 		}
 		if err := routeTap(st.PID); err != nil {
+			q.Close()
 			return nil, fmt.Errorf("qemu: network: %w", err)
 		}
 		inst.timing.Network = time.Since(tn)
 	}
 	if incoming != nil {
 		if err := waitIncoming(ctx, q, exited); err != nil {
+			q.Close()
 			return nil, fmt.Errorf("qemu: sandbox %s: restore: %w%s", id, err, d.logTail(id))
 		}
 	}
 	if err := q.run("cont", nil, nil); err != nil {
+		q.Close()
 		return nil, fmt.Errorf("qemu: sandbox %s: %w", id, err)
 	}
+	// QEMU serves one QMP client at a time: let go before the wait.
+	q.Close()
 	rctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
 	defer cancel()
 	attempt := time.Duration(0)

@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
+	"time"
 
 	"github.com/space-sandbox/space/internal/driver"
 )
@@ -17,7 +16,8 @@ import (
 // Files of a checkpoint directory.
 const (
 	ckptMemory = "memory.mig" // QEMU's migration stream: RAM and device state
-	ckptUpper  = "upper.ext4" // the sandbox's writable disk, as of the stream
+	ckptUpper  = "upper.data" // the writable disk's data extents, as of the stream
+	ckptMap    = "upper.map"  // where they go in the (sparse) disk
 	ckptConfig = "vm.json"    // the machine the stream belongs to
 )
 
@@ -81,7 +81,7 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string) (err error) {
 	}
 	// QEMU flushed and let go of the disks when the migration completed;
 	// the vCPUs are stopped, so the copy matches the memory image.
-	if err := copySparse(ctx, filepath.Join(i.d.sandboxDir(i.id), "upper.ext4"), filepath.Join(dir, ckptUpper)); err != nil {
+	if err := saveSparse(filepath.Join(i.d.sandboxDir(i.id), "upper.ext4"), filepath.Join(dir, ckptUpper), filepath.Join(dir, ckptMap)); err != nil {
 		return err
 	}
 	b, err := json.Marshal(checkpoint{VM: i.st.VM, BalloonMiB: i.st.BalloonMiB, Limits: i.st.Limits})
@@ -107,6 +107,7 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string) (err error) {
 // memory size are the checkpoint's (they live in guest memory); its CPU
 // limit applies. dir is no longer read once Restore returns.
 func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ driver.Instance, err error) {
+	t0 := time.Now()
 	if !idRE.MatchString(spec.ID) {
 		return nil, fmt.Errorf("qemu: bad sandbox id %q", spec.ID)
 	}
@@ -157,7 +158,7 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 			_ = d.remove(context.Background(), id)
 		}
 	}()
-	if err := copySparse(ctx, filepath.Join(dir, ckptUpper), filepath.Join(sdir, "upper.ext4")); err != nil {
+	if err := loadSparse(filepath.Join(dir, ckptUpper), filepath.Join(dir, ckptMap), filepath.Join(sdir, "upper.ext4")); err != nil {
 		return nil, err
 	}
 	l := spec.Limits
@@ -166,6 +167,8 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 	if err != nil {
 		return nil, err
 	}
+	inst.timing.Total = time.Since(t0)
+	inst.timing.AgentReady = inst.timing.Total
 	if ck.BalloonMiB > 0 {
 		inst.st.BalloonMiB = ck.BalloonMiB
 		if err := d.writeState(id, inst.st); err != nil {
@@ -173,13 +176,4 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 		}
 	}
 	return inst, nil
-}
-
-// copySparse copies a disk image, keeping its holes.
-func copySparse(ctx context.Context, from, to string) error {
-	out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--", from, to).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu: copy %s: %w: %s", from, err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -181,6 +182,38 @@ func TestVM(t *testing.T) {
 	if procs, _ := os.ReadFile(filepath.Join(memDir, "cgroup.procs")); !strings.Contains(" "+strings.Join(strings.Fields(string(procs)), " ")+" ", " "+strconv.Itoa(vm.PID())+" ") {
 		t.Errorf("QEMU (%d) is not in its cgroup: %q", vm.PID(), procs)
 	}
+	// SetLimits: growing past the boot size is refused; shrinking moves
+	// the balloon (the guest's MemTotal drops) and the host budget and
+	// quota follow; growing back restores both.
+	memTotal := func() int {
+		kb, _ := strconv.Atoi(drivertest.MustSh(t, inst, "grep MemTotal /proc/meminfo | grep -o '[0-9]*'"))
+		return kb
+	}
+	memBefore := memTotal()
+	if err := inst.SetLimits(ctx, driver.Limits{MemoryBytes: 1 << 30, CPUMillis: 1000}); !errors.Is(err, driver.ErrUnsupported) {
+		t.Errorf("SetLimits past the boot size: %v", err)
+	}
+	if err := inst.SetLimits(ctx, driver.Limits{MemoryBytes: 96 << 20, CPUMillis: 500}); err != nil {
+		t.Fatalf("SetLimits shrink: %v", err)
+	}
+	if got, want := readInt(t, filepath.Join(memDir, "memory.limit_in_bytes")), wantMem-32<<20; got != want {
+		t.Errorf("host memory limit after shrink %d, want %d", got, want)
+	}
+	if got := readInt(t, filepath.Join(vm.st.Cgroups.CPU, "cpu.cfs_quota_us")); got != 50000 {
+		t.Errorf("cpu quota after SetLimits %d, want 50000", got)
+	}
+	if after := memTotal(); after > memBefore-30<<10 {
+		t.Errorf("guest MemTotal %d kB after shrinking by 32 MiB (was %d kB)", after, memBefore)
+	}
+	if err := inst.SetLimits(ctx, driver.Limits{MemoryBytes: 128 << 20, CPUMillis: 1000}); err != nil {
+		t.Fatalf("SetLimits grow back: %v", err)
+	}
+	if got := readInt(t, filepath.Join(memDir, "memory.limit_in_bytes")); got != wantMem {
+		t.Errorf("host memory limit after growing back %d, want %d", got, wantMem)
+	}
+	if after := memTotal(); after < memBefore-1<<10 {
+		t.Errorf("guest MemTotal %d kB after growing back (was %d kB)", after, memBefore)
+	}
 	if got := drivertest.MustSh(t, inst, "echo hello; hostname; ip -4 addr show eth0 | grep -o 'inet [0-9./]*'"); got != "hello\nbox-a\ninet 169.254.0.2/30" {
 		t.Errorf("exec output %q", got)
 	}
@@ -264,16 +297,24 @@ func TestVM(t *testing.T) {
 	ckT := time.Since(tc)
 	t.Logf("host memory peak of the VM: %d MiB of %d", readInt(t, filepath.Join(memDir, "memory.max_usage_in_bytes"))>>20, wantMem>>20)
 	fi, _ := os.Stat(filepath.Join(ck, ckptMemory))
-	t.Logf("checkpoint %v, memory image %d MiB", ckT, fi.Size()>>20)
+	di, _ := os.Stat(filepath.Join(ck, ckptUpper))
+	t.Logf("checkpoint %v, memory image %d MiB, disk data %d KiB", ckT, fi.Size()>>20, di.Size()>>10)
 	// The original is left paused, and runs on when resumed.
 	pctx, pcancel = context.WithTimeout(ctx, 700*time.Millisecond)
 	if _, _, err := drivertest.Sh(pctx, inst, "true"); err == nil {
 		t.Error("a checkpointed VM ran a command before Resume")
 	}
 	pcancel()
+	// Pause on the checkpointed VM (what the node does for a sandbox
+	// that was paused before the snapshot) keeps it paused, and Resume
+	// still brings it (and its disks) back.
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatalf("pause after checkpoint: %v", err)
+	}
 	if err := vm.Resume(ctx); err != nil {
 		t.Fatalf("resume after checkpoint: %v", err)
 	}
+	drivertest.MustSh(t, inst, "echo after > /root/after-ckpt && sync")
 	before, _ := strconv.Atoi(drivertest.MustSh(t, inst, "cat /root/count"))
 	if err := inst.Destroy(ctx); err != nil {
 		t.Fatal(err)
