@@ -1,6 +1,9 @@
 // Package drivertest is the conformance suite every driver.Driver passes:
-// create, agent health and exec through the agent client, limits, destroy
-// leaving nothing behind, attach after a node restart, and sweep.
+// create, agent health and exec through the agent client, files, limits,
+// pause/resume (driver.Pauser), checkpoint/restore of processes and files
+// (driver.Checkpointer + driver.Restorer; skipped with the reason where a
+// driver cannot capture processes), destroy leaving nothing behind, attach
+// after a node restart, and sweep.
 //
 // A driver's test calls Run with an Env that opens drivers over a given
 // directory; two drivers opened over the same directory see the same
@@ -13,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -59,6 +63,15 @@ func Run(t *testing.T, env Env) {
 	t.Run("AttachAfterRestart", func(t *testing.T) { testAttach(t, env) })
 	t.Run("Sweep", func(t *testing.T) { testSweep(t, env) })
 	t.Run("BadSpecs", func(t *testing.T) { testBadSpecs(t, env) })
+	t.Run("PauseResume", func(t *testing.T) {
+		d := env.Open(t, t.TempDir())
+		pauseResume(t, create(t, env, d, "conf-pause", driver.Limits{}))
+	})
+	t.Run("CheckpointRestore", func(t *testing.T) {
+		dir := t.TempDir()
+		d := env.Open(t, dir)
+		checkpointRestore(t, env, d, dir, create(t, env, d, "conf-ck", driver.Limits{}), "conf-ck-re")
+	})
 }
 
 func testCtx(t testing.TB) context.Context {
@@ -459,6 +472,8 @@ func runShared(t *testing.T, env Env) {
 			t.Errorf("after OOM: %q", got)
 		}
 	})
+	t.Run("PauseResume", func(t *testing.T) { pauseResume(t, b) })
+	t.Run("CheckpointRestore", func(t *testing.T) { checkpointRestore(t, env, d, dir, b, "conf-c") })
 	// A new driver value over the same dirs, as after a node restart.
 	d2 := env.Open(t, dir)
 	var re driver.Instance
@@ -532,4 +547,127 @@ func runShared(t *testing.T, env Env) {
 			t.Errorf("attach after destroy: %v", err)
 		}
 	})
+}
+
+// startCounter starts a process that writes an ever larger number to file
+// every 50 ms, and returns once it has written one.
+func startCounter(t *testing.T, inst driver.Instance, file string) {
+	t.Helper()
+	MustSh(t, inst, "(i=0; while true; do i=$((i+1)); echo $i > "+file+"; sleep 0.05; done) >/dev/null 2>&1 &")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if readCount(t, inst, file) > 0 {
+			return
+		}
+	}
+	t.Fatalf("counter never wrote %s", file)
+}
+
+func readCount(t *testing.T, inst driver.Instance, file string) int {
+	t.Helper()
+	out := MustSh(t, inst, "cat "+file+" 2>/dev/null || echo 0")
+	var n int
+	fmt.Sscan(out, &n)
+	return n
+}
+
+// pauseResume: while paused nothing in the sandbox runs (the agent does
+// not answer, a counter does not advance); after resume it continues.
+func pauseResume(t *testing.T, inst driver.Instance) {
+	p, ok := driver.As[driver.Pauser](inst)
+	if !ok {
+		t.Skipf("%T does not implement driver.Pauser", inst)
+	}
+	startCounter(t, inst, "/tmp/pcount")
+	c0 := readCount(t, inst, "/tmp/pcount")
+	if err := p.Pause(testCtx(t)); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if err := p.Pause(testCtx(t)); err != nil {
+		t.Errorf("second pause: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 700*time.Millisecond)
+	if out, exit, err := Sh(ctx, inst, "echo ran"); err == nil {
+		t.Errorf("a command ran in a paused sandbox: %+v %q", exit, out)
+	}
+	cancel()
+	time.Sleep(time.Second)
+	if err := p.Resume(testCtx(t)); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := p.Resume(testCtx(t)); err != nil {
+		t.Errorf("second resume: %v", err)
+	}
+	c1 := readCount(t, inst, "/tmp/pcount")
+	// 1.7 s passed since c0; a counter that kept running would be ~34 on.
+	if c1-c0 > 15 {
+		t.Errorf("counter advanced while paused: %d then %d", c0, c1)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if c2 := readCount(t, inst, "/tmp/pcount"); c2 <= c1 {
+		t.Errorf("counter did not continue after resume: %d then %d", c1, c2)
+	}
+}
+
+// checkpointRestore: a sandbox's processes and files are saved (Checkpointer)
+// and a new sandbox restored from them (Restorer) continues the processes,
+// while the source, resumed, goes on independently.
+func checkpointRestore(t *testing.T, env Env, d driver.Driver, dir string, inst driver.Instance, newID string) {
+	cp, ok := driver.As[driver.Checkpointer](inst)
+	r, rok := d.(driver.Restorer)
+	if !ok || !rok {
+		t.Skipf("driver %s does not capture processes (no Checkpointer/Restorer)", d.Name())
+	}
+	MustSh(t, inst, "echo saved > /tmp/ckfile")
+	startCounter(t, inst, "/tmp/ckcount")
+	c0 := readCount(t, inst, "/tmp/ckcount")
+	img := t.TempDir()
+	if err := cp.Checkpoint(testCtx(t), img); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	spec := driver.Spec{ID: newID, Hostname: "box-" + newID, RootfsDir: env.Rootfs}
+	if li, ok := driver.As[driver.LayerInstance](inst); ok {
+		// The node stores the layer of the checkpointed moment; here a copy
+		// (same driver, same uid range) stands in for the snapshot store.
+		l, err := li.WritableLayer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		saved := t.TempDir()
+		if out, err := exec.Command("cp", "-a", l.Dir+"/.", saved).CombinedOutput(); err != nil {
+			t.Fatalf("copy layer: %v %s", err, out)
+		}
+		spec.InitLayer = func(ctx context.Context, dst driver.Layer) error {
+			if out, err := exec.CommandContext(ctx, "cp", "-a", saved+"/.", dst.Dir).CombinedOutput(); err != nil {
+				return fmt.Errorf("copy layer: %w: %s", err, out)
+			}
+			return nil
+		}
+	}
+	if p, ok := driver.As[driver.Pauser](inst); ok {
+		if err := p.Resume(testCtx(t)); err != nil {
+			t.Fatalf("resume after checkpoint: %v", err)
+		}
+	}
+	re, err := r.Restore(testCtx(t), spec, img)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	t.Cleanup(func() { _ = re.Destroy(context.Background()) })
+	if got := MustSh(t, re, "cat /tmp/ckfile"); got != "saved" {
+		t.Errorf("file after restore: %q", got)
+	}
+	c1 := readCount(t, re, "/tmp/ckcount")
+	time.Sleep(300 * time.Millisecond)
+	c2 := readCount(t, re, "/tmp/ckcount")
+	if c1 < c0 || c2 <= c1 {
+		t.Errorf("restored counter did not continue: %d before the checkpoint, then %d, %d", c0, c1, c2)
+	}
+	MustSh(t, re, "echo fork > /tmp/ckfile")
+	if got := MustSh(t, inst, "cat /tmp/ckfile"); got != "saved" {
+		t.Errorf("the source sees the restored sandbox's write: %q", got)
+	}
+	if err := re.Destroy(testCtx(t)); err != nil {
+		t.Fatalf("destroy restored: %v", err)
+	}
+	assertGone(t, env, dir, newID)
 }
