@@ -15,6 +15,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"server", "run the control API, data plane and in-process node", runServer},
+		{"node", "run a node for servers started with --remote-nodes (scale-out)", runNode},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
 		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|pause|resume|hibernate|rm", runSandbox},

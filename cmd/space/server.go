@@ -55,8 +55,20 @@ func runServer(args []string) error {
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "sandbox timeout when a create request names none (0 = none)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "lifetime of data-plane session tokens")
 	eg := egressFlags(fs)
+	fs.BoolVar(&cfg.RemoteNodes, "remote-nodes", false, "run no node here: place sandboxes on registered space node processes (needs --cluster-secret-file or $SPACE_CLUSTER_SECRET)")
+	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret that signs node requests (with --remote-nodes; default $SPACE_CLUSTER_SECRET)")
+	fs.DurationVar(&cfg.NodeTimeout, "node-timeout", 15*time.Second, "with --remote-nodes: a node or server replica silent this long is marked lost")
+	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
+	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.RemoteNodes {
+		secret, err := clusterSecret(*secretFile)
+		if err != nil {
+			return err
+		}
+		cfg.ClusterSecret = secret
 	}
 	if err := eg.apply(&cfg); err != nil {
 		return err

@@ -45,6 +45,10 @@ type Options struct {
 	Logf       func(string, ...any)
 	Now        func() time.Time
 
+	// DataURLFor, if set, names the data plane of one sandbox's node (remote
+	// nodes); "" falls back to DataURL.
+	DataURLFor func(core.Sandbox) string
+
 	// Credentials is the egress credential store (nil: no egress gateway).
 	Credentials Credentials
 	// Info, if set, describes the node for GET /v1/info.
@@ -212,7 +216,13 @@ type session struct {
 
 func (s *Server) issue(sb core.Sandbox) session {
 	tok, exp := s.o.Sessions.Issue(sb.ProjectID, sb.ID, s.o.SessionTTL)
-	return session{Token: tok, ExpiresAt: exp, DataURL: s.o.DataURL}
+	url := s.o.DataURL
+	if s.o.DataURLFor != nil {
+		if u := s.o.DataURLFor(sb); u != "" {
+			url = u
+		}
+	}
+	return session{Token: tok, ExpiresAt: exp, DataURL: url}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
@@ -372,12 +382,71 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request, p auth.Princ
 		}
 		limit = n
 	}
+	if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+		if id, ok := httpx.LastEventID(r); !ok {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "Last-Event-ID must be a number")
+		} else if id > after {
+			after = id
+		}
+		return s.followNetworkLog(w, r, p, after)
+	}
 	log, err := s.o.Service.NetworkLog(r.Context(), p.ProjectID, r.PathValue("id"), after, limit)
 	if err != nil {
 		return err
 	}
 	httpx.WriteJSON(w, http.StatusOK, log)
 	return nil
+}
+
+// networkLogPoll is how often a followed decision log is read; the log is
+// an in-memory ring in the gateway, so a read is cheap.
+const networkLogPoll = 250 * time.Millisecond
+
+// followNetworkLog streams the decision log as SSE: one "decision" event
+// per decision, its seq as the event id (Last-Event-ID resumes), and an
+// "end" event when the sandbox is gone.
+func (s *Server) followNetworkLog(w http.ResponseWriter, r *http.Request, p auth.Principal, after uint64) error {
+	ctx, id := r.Context(), r.PathValue("id")
+	// Errors (unknown sandbox, no network) are answered before the stream starts.
+	log, err := s.o.Service.NetworkLog(ctx, p.ProjectID, id, after, 1000)
+	if err != nil {
+		return err
+	}
+	sse := httpx.StartSSE(w)
+	idle := 0
+	for {
+		for _, d := range log.Decisions {
+			data, _ := json.Marshal(d)
+			if err := sse.Event(strconv.FormatUint(d.Seq, 10), "decision", data); err != nil {
+				return nil
+			}
+			after = d.Seq
+		}
+		if len(log.Decisions) == 0 {
+			if idle++; idle%60 == 0 { // ~15 s
+				_ = sse.Comment("keep-alive")
+			}
+		} else {
+			idle = 0
+		}
+		if err := sse.Flush(); err != nil {
+			return nil
+		}
+		if len(log.Decisions) < 1000 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(networkLogPoll):
+			}
+		}
+		if log, err = s.o.Service.NetworkLog(ctx, p.ProjectID, id, after, 1000); err != nil {
+			if ctx.Err() == nil {
+				_ = sse.Event("", "end", []byte(`{"reason":"the sandbox is gone or has no network"}`))
+				_ = sse.Flush()
+			}
+			return nil
+		}
+	}
 }
 
 func parseWait(q url.Values) (time.Duration, error) {

@@ -226,7 +226,13 @@ func (s *Service) wake(ctx context.Context, projectID, id, idemKey string) (Oper
 			cur.State, cur.Driver, cur.Instance, cur.UpdatedAt = SandboxRunning, pl.Driver, pl.Instance, now
 			cur.HibernatedSnapshot = ""
 			if cur.PausedRemainingMS != nil {
-				exp := now.Add(time.Duration(*cur.PausedRemainingMS) * time.Millisecond)
+				left := time.Duration(*cur.PausedRemainingMS) * time.Millisecond
+				// Hibernated by its timeout: it gets its whole timeout again,
+				// or it would hibernate again at once.
+				if left < time.Second && cur.TimeoutSeconds > 0 {
+					left = time.Duration(cur.TimeoutSeconds) * time.Second
+				}
+				exp := now.Add(left)
 				cur.ExpiresAt, cur.PausedRemainingMS = &exp, nil
 			}
 			return nil
@@ -293,4 +299,38 @@ func (s *Service) AutoPauseIdle(ctx context.Context) {
 			s.opts.Logf("auto-pause %s: %v", sb.ID, err)
 		}
 	}
+}
+
+// autoResumeWait bounds how long a data-plane call waits for an automatic
+// resume (a hibernated sandbox restores its layer, possibly processes).
+const autoResumeWait = 60 * time.Second
+
+// AutoResume resumes a paused or hibernated sandbox that asked for it
+// (AutoResume at create) and waits until it runs. It reports false, with no
+// error, when the sandbox did not ask or is not paused or hibernated. The
+// data plane calls it before answering sandbox_paused.
+func (s *Service) AutoResume(ctx context.Context, projectID, id string) (bool, error) {
+	sb, err := s.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return false, err
+	}
+	if !sb.AutoResume || sb.State != SandboxPaused && sb.State != SandboxHibernated {
+		return false, nil
+	}
+	// Concurrent calls for the same pause join one operation.
+	key := fmt.Sprintf("auto-resume-%s-%d", id, sb.UpdatedAt.UnixNano())
+	op, err := s.Resume(ctx, projectID, id, key)
+	if err != nil {
+		return false, err
+	}
+	if op, err = s.engine.Wait(ctx, projectID, op.ID, autoResumeWait); err != nil {
+		return false, err
+	}
+	if op.State != OpSucceeded {
+		if op.Error != nil {
+			return false, fmt.Errorf("auto-resume of %s: %s: %w", id, op.Error.Message, ErrConflict)
+		}
+		return false, fmt.Errorf("auto-resume of %s did not finish: %w", id, ErrConflict)
+	}
+	return true, nil
 }

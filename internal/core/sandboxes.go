@@ -49,6 +49,11 @@ type CreateRequest struct {
 	// AutoPauseSeconds: pause (not delete) the sandbox after this long
 	// without data-plane activity; nil or 0 = never.
 	AutoPauseSeconds *int64 `json:"auto_pause_seconds,omitempty"`
+	// OnTimeout: "delete" (default) or "hibernate" (keep the sandbox as a
+	// snapshot that resume brings back).
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume: data-plane calls resume a paused or hibernated sandbox.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // NetworkRuntime is implemented by runtimes with an egress gateway.
@@ -91,6 +96,9 @@ type ServiceOptions struct {
 	NodeName       string
 	Logf           func(string, ...any)
 	Now            func() time.Time
+	// AnyNode: the runtime reaches every node (remote nodes), so this
+	// server may act on sandboxes of any node, not only NodeName's.
+	AnyNode bool
 }
 
 // Service is the sandbox lifecycle: it validates requests, records state and
@@ -180,6 +188,15 @@ func (s *Service) validate(req *CreateRequest) error {
 	if req.AutoPauseSeconds != nil && (*req.AutoPauseSeconds < 0 || *req.AutoPauseSeconds > MaxTimeoutSecond) {
 		return invalid("auto_pause_seconds must be between 0 and %d", MaxTimeoutSecond)
 	}
+	switch req.OnTimeout {
+	case "", OnTimeoutDelete:
+	case OnTimeoutHibernate:
+		if _, err := s.snapshotRuntime(); err != nil {
+			return invalid("on_timeout %q: this server cannot hibernate sandboxes", req.OnTimeout)
+		}
+	default:
+		return invalid("on_timeout must be %q or %q", OnTimeoutDelete, OnTimeoutHibernate)
+	}
 	if req.Network != nil {
 		p, err := s.validateNetwork(*req.Network)
 		if err != nil {
@@ -263,9 +280,18 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	if timeout > 0 {
 		exp := now.Add(timeout)
 		sb.ExpiresAt = &exp
+		sb.TimeoutSeconds = int64(timeout / time.Second)
 	}
 	if req.AutoPauseSeconds != nil {
 		sb.AutoPauseSeconds = *req.AutoPauseSeconds
+	}
+	sb.OnTimeout, sb.AutoResume = req.OnTimeout, req.AutoResume
+	if pl, ok := s.runtime.(Placer); ok {
+		node, err := pl.Place(ctx, sb)
+		if err != nil {
+			return Sandbox{}, Operation{}, err
+		}
+		sb.Node = node
 	}
 	kind := "sandbox.create"
 	if from != "" {
@@ -365,7 +391,7 @@ func (s *Service) getLocal(ctx context.Context, projectID, id string) (Sandbox, 
 	if err != nil {
 		return sb, err
 	}
-	if sb.Node != "" && sb.Node != s.opts.NodeName && !sb.State.Terminal() {
+	if !s.opts.AnyNode && sb.Node != "" && sb.Node != s.opts.NodeName && !sb.State.Terminal() {
 		return sb, fmt.Errorf("sandbox %s runs on node %s; send lifecycle calls to that node's server: %w", id, sb.Node, ErrConflict)
 	}
 	return sb, nil
@@ -506,6 +532,21 @@ func (s *Service) ReapExpired(ctx context.Context) {
 		return
 	}
 	for _, sb := range expired {
+		if sb.OnTimeout == OnTimeoutHibernate {
+			// The key makes the ticks that see the sandbox expired while its
+			// hibernation runs join that one operation.
+			key := fmt.Sprintf("timeout-hibernate-%s-%d", sb.ID, sb.ExpiresAt.UnixNano())
+			op, err := s.Hibernate(ctx, sb.ProjectID, sb.ID, key)
+			switch {
+			case err == nil && op.State != OpFailed, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+				// Running, done, gone, or another replica's sandbox.
+				continue
+			case err == nil:
+				s.opts.Logf("reaper: hibernate %s failed (deleting it instead): %v", sb.ID, op.Error)
+			default:
+				s.opts.Logf("reaper: hibernate %s (deleting it instead): %v", sb.ID, err)
+			}
+		}
 		if _, err := s.delete(ctx, sb.ProjectID, sb.ID, "sandbox.timeout", "timeout reached"); err != nil && !errors.Is(err, ErrNotFound) {
 			s.opts.Logf("reaper: delete %s: %v", sb.ID, err)
 		}

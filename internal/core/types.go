@@ -81,7 +81,22 @@ type Sandbox struct {
 	// AutoPauseSeconds: the server pauses the running sandbox after this
 	// long without data-plane activity (0 = never).
 	AutoPauseSeconds int64 `json:"auto_pause_seconds,omitempty"`
+	// OnTimeout is what the server does when the timeout is reached:
+	// OnTimeoutDelete ("" too) or OnTimeoutHibernate.
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume: a data-plane call to this paused or hibernated sandbox
+	// resumes it first instead of failing with sandbox_paused.
+	AutoResume bool `json:"auto_resume,omitempty"`
+	// TimeoutSeconds is the timeout the sandbox was created with (0 = none);
+	// a sandbox woken with no time left gets it again.
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
 }
+
+// What the server does with a sandbox whose timeout is reached.
+const (
+	OnTimeoutDelete    = "delete"
+	OnTimeoutHibernate = "hibernate"
+)
 
 // NetworkPolicy is a sandbox's egress policy: mode "blocked" (the default:
 // nothing leaves, DNS included), "allowlist" (only the host[:port[,port]]

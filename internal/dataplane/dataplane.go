@@ -47,6 +47,9 @@ type Options struct {
 	Node     *node.Node
 	Sessions *auth.Sessions
 	Logf     func(string, ...any)
+	// Wake, if set, resumes a paused or hibernated sandbox that asked for
+	// automatic resume; it reports whether it did (core.Service.AutoResume).
+	Wake func(ctx context.Context, projectID, id string) (bool, error)
 }
 
 // Server is the data-plane handler.
@@ -144,6 +147,13 @@ func (s *Server) authorize(r *http.Request) (*node.Sandbox, error) {
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found")
 	}
 	sb, err := s.o.Node.Sandbox(sess.SandboxID)
+	if err != nil && s.o.Wake != nil {
+		if woke, werr := s.o.Wake(r.Context(), sess.ProjectID, sess.SandboxID); werr != nil {
+			s.o.Logf("sandbox %s: auto-resume: %v", sess.SandboxID, werr)
+		} else if woke {
+			sb, err = s.o.Node.Sandbox(sess.SandboxID)
+		}
+	}
 	if errors.Is(err, core.ErrConflict) {
 		return nil, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
 	}

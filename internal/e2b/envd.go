@@ -41,6 +41,9 @@ type EnvdOptions struct {
 	Node     *node.Node
 	Sessions *auth.Sessions
 	Logf     func(string, ...any)
+	// Wake, if set, resumes a paused or hibernated sandbox created with
+	// autoResume (core.Service.AutoResume); it reports whether it did.
+	Wake func(ctx context.Context, projectID, id string) (bool, error)
 }
 
 // Envd serves E2B's envd protocol for every sandbox on one origin, routed by
@@ -178,6 +181,14 @@ func (e *Envd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Like E2B's edge: a sandbox that is not running here answers 502, which
 	// the SDK reads as "not running" (isRunning() == false).
 	sb, err := e.o.Node.Sandbox(id)
+	if err != nil && e.o.Wake != nil {
+		// E2B's edge resumes a paused sandbox with autoResume on traffic.
+		if woke, werr := e.o.Wake(r.Context(), sess.ProjectID, id); werr != nil {
+			e.o.Logf("e2b envd: sandbox %s: auto-resume: %v", id, werr)
+		} else if woke {
+			sb, err = e.o.Node.Sandbox(id)
+		}
+	}
 	if err != nil {
 		envdError(w, r, http.StatusBadGateway, "sandbox "+id+" is not running")
 		return

@@ -283,7 +283,13 @@ const clientID = "space"
 // visible "creating" state (create answers once it runs), and killed or
 // failed sandboxes are gone.
 func alive(sb core.Sandbox) bool {
-	return sb.State == core.SandboxRunning || sb.State == core.SandboxCreating || sb.State == core.SandboxPaused
+	return sb.State == core.SandboxRunning || sb.State == core.SandboxCreating || paused(sb)
+}
+
+// paused reports whether E2B would call the sandbox paused: frozen in
+// place or hibernated (E2B's own pause is a snapshot, like hibernation).
+func paused(sb core.Sandbox) bool {
+	return sb.State == core.SandboxPaused || sb.State == core.SandboxHibernated
 }
 
 func (a *API) listed(sb core.Sandbox) listedSandbox {
@@ -300,7 +306,7 @@ func (a *API) listed(sb core.Sandbox) listedSandbox {
 		md = map[string]string{}
 	}
 	state := "running"
-	if sb.State == core.SandboxPaused {
+	if paused(sb) {
 		state = "paused"
 	}
 	return listedSandbox{
@@ -321,9 +327,14 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if err := decode(w, r, &req, true); err != nil {
 		return err
 	}
-	if req.AutoPause != nil && *req.AutoPause || req.AutoResume != nil && req.AutoResume.Enabled {
-		return errf(http.StatusBadRequest, "autoPause/autoResume are not supported: SPACE has no snapshots yet")
+	// autoPause: at the timeout the sandbox hibernates (a snapshot that
+	// resume or connect brings back) instead of being killed. autoResume:
+	// envd traffic to a paused sandbox resumes it.
+	var onTimeout string
+	if req.AutoPause != nil && *req.AutoPause {
+		onTimeout = core.OnTimeoutHibernate
 	}
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
 	if len(req.VolumeMounts) > 0 {
 		return errf(http.StatusBadRequest, "volumeMounts are not supported")
 	}
@@ -344,6 +355,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	}
 	sb, op, err := a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
 		Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
+		OnTimeout: onTimeout, AutoResume: autoResume,
 	}, "")
 	if errors.Is(err, core.ErrNotFound) {
 		return errf(http.StatusNotFound, "template %.64q not found", alias)
@@ -394,6 +406,10 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 	}
 	d := detail{listedSandbox: a.listed(sb)}
 	d.Lifecycle.OnTimeout = "kill"
+	if sb.OnTimeout == core.OnTimeoutHibernate {
+		d.Lifecycle.OnTimeout = "pause"
+	}
+	d.Lifecycle.AutoResume = sb.AutoResume
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }
@@ -503,7 +519,7 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 		return err
 	}
 	// E2B's connect resumes a paused sandbox.
-	if sb.State == core.SandboxPaused {
+	if paused(sb) {
 		if sb, err = a.runOp(r, p, sb, a.o.Service.Resume); err != nil {
 			return err
 		}
@@ -543,7 +559,7 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, p auth.Principal) er
 	if err != nil {
 		return err
 	}
-	if sb.State == core.SandboxPaused {
+	if paused(sb) {
 		return errf(http.StatusConflict, "sandbox %s is already paused", sb.ID)
 	}
 	if _, err := a.runOp(r, p, sb, a.o.Service.Pause); err != nil {
@@ -558,7 +574,7 @@ func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if err != nil {
 		return err
 	}
-	if sb.State != core.SandboxPaused {
+	if !paused(sb) {
 		return errf(http.StatusConflict, "sandbox is already running")
 	}
 	if sb, err = a.runOp(r, p, sb, a.o.Service.Resume); err != nil {
@@ -577,10 +593,11 @@ func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	return nil
 }
 
-// listFilter turns E2B list query parameters into a core filter. ok is false
-// when the filter can match nothing (only "paused" asked for).
+// listFilter turns E2B list query parameters into a core filter. No state
+// means running and paused, as in E2B; "paused" also matches hibernated
+// sandboxes. ok is false when the filter can match nothing.
 func listFilter(q url.Values, projectID string) (core.SandboxFilter, bool, error) {
-	f := core.SandboxFilter{ProjectID: projectID, States: []core.SandboxState{core.SandboxCreating, core.SandboxRunning}}
+	f := core.SandboxFilter{ProjectID: projectID}
 	if v := q.Get("metadata"); v != "" {
 		md, err := parseMetadataQuery(v)
 		if err != nil {
@@ -588,21 +605,28 @@ func listFilter(q url.Values, projectID string) (core.SandboxFilter, bool, error
 		}
 		f.Metadata = md
 	}
-	ok := true
-	if v := q.Get("state"); v != "" {
-		running := false
-		for _, s := range strings.Split(v, ",") {
-			switch s {
-			case "running":
-				running = true
-			case "paused":
-			default:
-				return f, false, errf(http.StatusBadRequest, "unknown state %.32q (running, paused)", s)
-			}
-		}
-		ok = running
+	v := q.Get("state")
+	if v == "" {
+		v = "running,paused"
 	}
-	return f, ok, nil
+	var running, paused bool
+	for _, s := range strings.Split(v, ",") {
+		switch s {
+		case "running":
+			running = true
+		case "paused":
+			paused = true
+		default:
+			return f, false, errf(http.StatusBadRequest, "unknown state %.32q (running, paused)", s)
+		}
+	}
+	if running {
+		f.States = append(f.States, core.SandboxCreating, core.SandboxRunning)
+	}
+	if paused {
+		f.States = append(f.States, core.SandboxPaused, core.SandboxHibernated)
+	}
+	return f, len(f.States) > 0, nil
 }
 
 // parseMetadataQuery decodes the SDK's metadata filter: the query value is a
@@ -678,7 +702,7 @@ func (a *API) listV2(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 
 // listV1 is the deprecated unpaged list: running sandboxes only.
 func (a *API) listV1(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	f, _, err := listFilter(url.Values{"metadata": r.URL.Query()["metadata"]}, p.ProjectID)
+	f, _, err := listFilter(url.Values{"metadata": r.URL.Query()["metadata"], "state": {"running"}}, p.ProjectID)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -134,6 +135,23 @@ func TestSetupFilterAndRelease(t *testing.T) {
 			c.Close()
 			return errors.New("spoofed connection got through")
 		}
+		// ICMP and another IP protocol (GRE) from the real address.
+		for _, proto := range []int{unix.IPPROTO_ICMP, 47} {
+			if s, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, proto); err == nil {
+				unix.Sendto(s, []byte{8, 0, 0, 0, 0, 1, 0, 1}, 0, &unix.SockaddrInet4{Addr: [4]byte{192, 0, 2, 99}})
+				unix.Close(s)
+			}
+		}
+		// IPv6 turned back on by root inside: it must reach the host's
+		// rules (and be dropped there, counted), not vanish unseen.
+		os.WriteFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", []byte("0"), 0)
+		os.WriteFile("/proc/sys/net/ipv6/conf/eth0/disable_ipv6", []byte("0"), 0)
+		netlink.AddrAdd(peer, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:5a::2"), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
+		if u, err := net.Dial("udp6", "[fd00:5a::1]:9999"); err == nil {
+			u.Write([]byte("v6"))
+			u.Close()
+		}
+		time.Sleep(200 * time.Millisecond)
 		return nil
 	})
 	if err != nil {
@@ -160,7 +178,7 @@ func TestSetupFilterAndRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("counters: %v", ctr)
-	for _, k := range []string{"udp_drop", "spoof_drop", "frag_drop", "tcp", "dns"} {
+	for _, k := range []string{"udp_drop", "spoof_drop", "frag_drop", "tcp", "dns", "icmp_drop", "proto_drop", "v6_drop"} {
 		if ctr[k] == 0 {
 			t.Errorf("counter %s = 0", k)
 		}

@@ -66,6 +66,18 @@ type Config struct {
 	// gateway; nil keeps sandboxes without any network.
 	Egress *EgressConfig
 	Logf   func(string, ...any)
+
+	// RemoteNodes: run no in-process node and no data plane; place
+	// sandboxes on registered `space node` processes (see remote.go).
+	RemoteNodes   bool
+	ClusterSecret []byte        // signs node RPC requests (RemoteNodes, and `space node`)
+	NodeTimeout   time.Duration // a node or replica silent this long is lost (default 15 s)
+	ProjectQuota  int           // live sandboxes per project with RemoteNodes (0 = no bound)
+
+	// AllowPrivateRegistries lets template image pulls (source "image",
+	// a build file's FROM) dial loopback, private and link-local registry
+	// addresses; off, such a registry is refused (an SSRF guard).
+	AllowPrivateRegistries bool
 }
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
@@ -366,6 +378,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
+	if cfg.RemoteNodes {
+		return startRemote(ctx, cfg)
+	}
 	for _, d := range []string{cfg.DataDir, cfg.RunDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create %s: %w", d, err)
@@ -423,7 +438,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
 	tm, err := template.NewManager(cfg.TemplateDir, template.Options{
-		UIDBase: cfg.UIDBase, UIDCount: 65536, Logf: cfg.Logf,
+		UIDBase: cfg.UIDBase, UIDCount: 65536, Logf: cfg.Logf, AllowPrivateRegistries: cfg.AllowPrivateRegistries,
 	})
 	if err != nil {
 		return nil, err
@@ -484,7 +499,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// the control listener, envd (routed by E2b-Sandbox-Id) on the data one.
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf})
-	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf})
+	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
@@ -501,7 +516,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return in
 	}
 	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
-	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf})),
+	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume})),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
 	for _, p := range []struct {
 		srv *http.Server
@@ -572,8 +587,13 @@ func nodeName(cfg Config) (string, error) {
 // Addr returns the control API address.
 func (s *Server) Addr() string { return s.ctrlLn.Addr().String() }
 
-// DataAddr returns the data plane address.
-func (s *Server) DataAddr() string { return s.dataLn.Addr().String() }
+// DataAddr returns the data plane address ("" with RemoteNodes: the nodes serve it).
+func (s *Server) DataAddr() string {
+	if s.dataLn == nil {
+		return ""
+	}
+	return s.dataLn.Addr().String()
+}
 
 // Node returns the in-process node (for benchmarks and tests that need its
 // per-sandbox create timing or warm-pool state).

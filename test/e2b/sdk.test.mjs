@@ -197,6 +197,34 @@ describe(`e2b SDK (${pkg}) against SPACE`, () => {
     assert.equal(await sbx.isRunning(), true)
   })
 
+  test('lifecycle onTimeout pause + autoResume: hibernates at the timeout, traffic resumes it', async () => {
+    const tag = `life-${runID}`
+    const s = await Sandbox.create(template, {
+      metadata: { suite: tag }, timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true },
+    })
+    try {
+      await s.files.write('/tmp/kept', 'kept across timeout')
+      const info = await s.getInfo()
+      assert.equal(info.lifecycle?.onTimeout, 'pause')
+      assert.equal(info.lifecycle?.autoResume, true)
+      let state = info.state
+      for (let i = 0; i < 100 && state !== 'paused'; i++) {
+        await sleep(200)
+        state = (await s.getInfo()).state
+      }
+      assert.equal(state, 'paused', 'not paused at its timeout')
+      const listed = await Sandbox.list({ query: { metadata: { suite: tag }, state: ['paused'] } }).nextItems()
+      assert.deepEqual(listed.map((x) => x.sandboxId), [s.sandboxId])
+      const all = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems()
+      assert.deepEqual(all.map((x) => x.sandboxId), [s.sandboxId], 'no state filter lists paused sandboxes too')
+      // No connect: the command's own envd request resumes it.
+      assert.equal((await s.commands.run('cat /tmp/kept')).stdout, 'kept across timeout')
+      assert.equal((await s.getInfo()).state, 'running')
+    } finally {
+      await Sandbox.kill(s.sandboxId).catch(() => {})
+    }
+  })
+
   test('list with metadata filter and paging', async () => {
     const tag = `list-${runID}`
     const made = await Promise.all([0, 1, 2].map((i) =>

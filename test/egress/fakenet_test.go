@@ -248,6 +248,11 @@ func startWAN() (_ *wan, err error) {
 		return nil, err
 	}
 	back()
+	// An earlier test's uplink goes with its wan namespace, but not
+	// necessarily at once.
+	if old, err := netlink.LinkByName("up0"); err == nil {
+		netlink.LinkDel(old)
+	}
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "wan0", PeerNamespace: netlink.NsFd(int(wanNS))}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, err

@@ -228,7 +228,9 @@ func (w *wan) serveInternal() error {
 		return err
 	}
 	for _, a := range internalAddrs {
-		if err := netlink.AddrAdd(d, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		// Replace: an earlier test in this process (same namespace) may
+		// have added them already.
+		if err := netlink.AddrReplace(d, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 			return fmt.Errorf("internal address %s: %w", a, err)
 		}
 	}

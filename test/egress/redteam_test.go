@@ -34,6 +34,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -166,7 +168,7 @@ func (r *report) markdown() string {
 			n += c
 		}
 		sort.Strings(vs)
-		fmt.Fprintf(&b, "| %s %s | %s | %s | %s | %d | %s | %s |\n", k.id, k.title, k.class, k.mode, k.exec, n, strings.Join(vs, " "), notes[k])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s |\n", strings.TrimSpace(k.id+" "+k.title), k.class, k.mode, k.exec, n, strings.Join(vs, " "), notes[k])
 	}
 	return b.String()
 }
@@ -189,8 +191,9 @@ type run struct {
 	// set by the case
 	deny    bool // denial evidence found by the case itself
 	ctrl    bool
-	noCtrl  bool // the case's own control replaces the mode's
-	pClass  bool // an attacker contact here is an authorized-channel finding (FAIL-P)
+	noCtrl  bool   // the case's own control replaces the mode's
+	note    string // evidence the decision log cannot hold (e.g. the gateway gone)
+	pClass  bool   // an attacker contact here is an authorized-channel finding (FAIL-P)
 	invalid []string
 }
 
@@ -569,6 +572,7 @@ func (e *env) catalogue() []rtCase {
 			r.rt("http", att+":80", att, "/"+r.n)
 			r.rt("tls", edge+":443", "registry.test", "registry.test", "/"+r.n)
 			r.deny = strings.HasPrefix(out, "ERR") // the connection itself fails: nothing listens, nothing forwards
+			r.note = "gateway detached: connections refused by the host, none forwarded"
 		}},
 		{id: "RT-47", title: "Fail-closed: policy swap allowlist → blocked", class: "R", modes: []string{modeA}, run: func(r *run) {
 			r.ctrl = strings.Contains(r.rt("http", "registry.test:80", "registry.test", "/simple/"), "registry ok")
@@ -854,7 +858,7 @@ func (e *env) runCase(t *testing.T, c rtCase, mode, ex, credID string) outcome {
 		o.why = fmt.Sprintf("denial logged %v, positive control %v %s; counters grew: %s", r.deny, r.ctrl, strings.Join(r.invalid, "; "), r.grown())
 	default:
 		o.verdict = "PASS"
-		o.why = r.evidence()
+		o.why = strings.TrimPrefix(strings.Join([]string{r.evidence(), r.note}, "; "), "; ")
 	}
 	if o.verdict != "PASS" {
 		t.Errorf("%s %s (%s, %s): %s — %s", c.id, c.title, mode, ex, o.verdict, o.why)
@@ -915,4 +919,46 @@ func (e *env) peerContacts(t *testing.T) []string {
 		}
 	}
 	return lines
+}
+
+// checkOracles is the oracles' own positive control: each must see a
+// contact that really happens, or a clean result would mean nothing.
+// O-WIRE: a packet the host sends to the attacker from an address that is
+// not the uplink's must show up as a violation carrying its payload.
+// O-INTERNAL: a request from the host to the metadata listener is logged.
+func (e *env) checkOracles(t *testing.T) {
+	t.Helper()
+	mark := e.wan.wire.mark()
+	up, err := netlink.LinkByName("up0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.0.2.77").To4(), Mask: net.CIDRMask(32, 32)}}
+	if err := netlink.AddrAdd(up, probe); err != nil {
+		t.Fatal(err)
+	}
+	defer netlink.AddrDel(up, probe)
+	n := nonce()
+	c, err := net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP("192.0.2.77")}, &net.UDPAddr{IP: net.ParseIP(attackerIP), Port: 9999})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte(n))
+	c.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for len(e.wan.wire.violations(mark)) == 0 || !e.wan.wire.sawTo(mark, n) || !e.wan.attackerSaw(n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("O-WIRE/O-FLAG are blind: violations %v, payload seen %v, flagd %v", e.wan.wire.violations(mark), e.wan.wire.sawTo(mark, n), e.wan.attackerSaw(n))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := len(e.wan.internalContacts())
+	resp, err := http.Get("http://169.254.169.254/latest/meta-data/")
+	if err != nil {
+		t.Fatalf("O-INTERNAL: %v", err)
+	}
+	resp.Body.Close()
+	if len(e.wan.internalContacts()) != before+1 {
+		t.Fatalf("O-INTERNAL is blind: the metadata listener logged nothing")
+	}
 }

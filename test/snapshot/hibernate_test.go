@@ -184,3 +184,69 @@ func TestAutoPauseIdle(t *testing.T) {
 	}
 	t.Logf("auto-paused %v after the start of a 2.5 s command (auto_pause_seconds 1, reaper tick 1 s)", idle.Round(10*time.Millisecond))
 }
+
+// TestTimeoutHibernateAutoResume: a sandbox created with on_timeout
+// "hibernate" is hibernated (not deleted) when its timeout is reached, and
+// with auto_resume the next data-plane call brings it back, files intact
+// and with its whole timeout again.
+func TestTimeoutHibernateAutoResume(t *testing.T) {
+	e := need(t)
+	if st, m, _ := e.call("POST", "/v1/sandboxes", map[string]any{"template": "minimal", "on_timeout": "sleep"}); st != 400 {
+		t.Fatalf("bad on_timeout accepted: %d %v", st, m)
+	}
+	sb := e.create(t, map[string]any{"timeout_seconds": 2, "on_timeout": "hibernate", "auto_resume": true})
+	defer sb.delete(t)
+	sb.ok(t, "echo kept > /root/mark")
+	var got map[string]any
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if got = e.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, nil); got["state"] == "hibernated" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got["state"] != "hibernated" || str(got, "hibernated_snapshot") == "" {
+		t.Fatalf("not hibernated at its timeout: %v", got)
+	}
+	e.waitNoTraces(t, sb.ID, "after timeout hibernation")
+	// The data plane resumes it instead of answering 409 sandbox_paused.
+	t0 := time.Now()
+	if out := sb.ok(t, "cat /root/mark"); out != "kept\n" {
+		t.Fatalf("after auto-resume: %q", out)
+	}
+	took := time.Since(t0)
+	got = e.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, nil)
+	if got["state"] != "running" {
+		t.Fatalf("state after auto-resume: %v", got)
+	}
+	exp, err := time.Parse(time.RFC3339Nano, str(got, "expires_at"))
+	if err != nil || time.Until(exp) < time.Second {
+		t.Fatalf("woken without its timeout again: expires_at %v (%v)", got["expires_at"], err)
+	}
+	t.Logf("timeout hibernation, then auto-resume on the first command: %v", took.Round(time.Millisecond))
+}
+
+// TestAutoResumePaused: an idle-paused sandbox with auto_resume continues
+// on the next data-plane call; without auto_resume it answers 409.
+func TestAutoResumePaused(t *testing.T) {
+	e := need(t)
+	sb := e.create(t, map[string]any{"timeout_seconds": 600, "auto_resume": true})
+	defer sb.delete(t)
+	sb.start(t, "i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done")
+	e.op(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", nil)
+	if got := e.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, nil); got["state"] != "paused" || got["auto_resume"] != true {
+		t.Fatalf("after pause: %v", got)
+	}
+	if out := sb.ok(t, "cat /tmp/n"); strings.TrimSpace(out) == "" {
+		t.Fatalf("counter after auto-resume: %q", out)
+	}
+	if got := e.must(t, 200, "GET", "/v1/sandboxes/"+sb.ID, nil); got["state"] != "running" {
+		t.Fatalf("not running after auto-resume: %v", got)
+	}
+	plain := e.create(t, map[string]any{"timeout_seconds": 600})
+	defer plain.delete(t)
+	e.op(t, "POST", "/v1/sandboxes/"+plain.ID+"/pause", nil)
+	if st, m, _ := plain.dp("POST", "/commands", map[string]any{"shell": "true"}); st != 409 || str(m, "error", "code") != "sandbox_paused" {
+		t.Fatalf("paused sandbox without auto_resume: %d %v", st, m)
+	}
+}

@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS snapshots (
 CREATE INDEX IF NOT EXISTS snapshots_order ON snapshots(created_at, id);
 CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 `,
+		// 2: the node registry (core.NodeStore) of scaled-out clusters.
+		`
+CREATE TABLE IF NOT EXISTS nodes (
+  name TEXT COLLATE "C" PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at BIGINT NOT NULL, doc TEXT NOT NULL);
+`,
 	}
 }
 

@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
   state TEXT NOT NULL, created_at INTEGER NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS snapshots_order ON snapshots(created_at, id);
 CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
+CREATE TABLE IF NOT EXISTS nodes (
+  name TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at INTEGER NOT NULL, doc TEXT NOT NULL);
 `
 
 // Open opens (creating if needed) the database file at path.

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/space-sandbox/space/internal/cluster"
+	"github.com/space-sandbox/space/internal/server"
+)
+
+// clusterSecret reads the cluster secret from file, else from
+// $SPACE_CLUSTER_SECRET.
+func clusterSecret(file string) ([]byte, error) {
+	if file != "" {
+		return cluster.ReadSecret(file)
+	}
+	return cluster.CheckSecret([]byte(os.Getenv("SPACE_CLUSTER_SECRET")))
+}
+
+func runNode(args []string) error {
+	cfg := server.DefaultConfig()
+	cfg.Listen, cfg.DataListen = "127.0.0.1:7072", "127.0.0.1:7071"
+	var nc server.NodeConfig
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs.StringVar(&cfg.NodeName, "name", "", "this node's name, unique in the cluster (required)")
+	fs.StringVar(&cfg.Store, "store", storeDefault(), "the store the servers share: a postgres:// DSN (default $SPACE_STORE)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (templates, sandboxes, logs, snapshots)")
+	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
+	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
+	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the listen addresses here as JSON once serving")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "node RPC address (servers call it; requests must be signed with the cluster secret)")
+	fs.StringVar(&nc.RPCURL, "rpc-url", "", "RPC URL servers are told (default http://<listen>)")
+	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address of this node's sandboxes")
+	fs.StringVar(&cfg.DataURL, "data-url", "", "public data-plane URL given to clients (default http://<data-listen>)")
+	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|firecracker|qemu|gvisor|namespace")
+	fs.StringVar(&cfg.QEMUAccel, "qemu-accel", "", "qemu driver accelerator: kvm|tcg")
+	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver")
+	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
+	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
+	builtins := fs.String("builtins", "minimal,base", "builtin templates to build at start if missing")
+	uid := fs.Uint("uid-base", uint(cfg.UIDBase), "host uid of root in this node's sandboxes (65536 ids; unique per node on a host)")
+	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret (at least 32 bytes; default $SPACE_CLUSTER_SECRET)")
+	fs.DurationVar(&nc.Heartbeat, "heartbeat", time.Second, "interval of this node's heartbeats")
+	cpus := fs.Float64("cpus", 0, "CPUs offered to the scheduler (default: the host's)")
+	fs.Int64Var(&nc.MemoryBytes, "memory-bytes", 0, "memory offered to the scheduler (default: the host's MemTotal)")
+	fs.IntVar(&nc.MaxSandboxes, "max-sandboxes", 0, "most sandboxes this node runs at once (0 = no bound)")
+	if err := fs.Parse(args); err != nil {
+		return usageErr(helpOK(err))
+	}
+	secret, err := clusterSecret(*secretFile)
+	if err != nil {
+		return err
+	}
+	nc.Secret = secret
+	nc.CPUMillis = int64(*cpus * 1000)
+	cfg.UIDBase = uint32(*uid)
+	cfg.WarmTemplates = splitList(*warm)
+	cfg.Builtins = splitList(*builtins)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	n, err := server.StartNode(ctx, cfg, nc)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return n.Shutdown(sctx)
+}

@@ -1,0 +1,345 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/core"
+)
+
+// RemoteOptions configure the remote runtime.
+type RemoteOptions struct {
+	Store  core.Store // must implement core.NodeStore
+	Signer *Signer
+	// Timeout: a node whose last heartbeat is older is not scheduled on
+	// (and the monitor marks it lost).
+	Timeout time.Duration
+	// ProjectQuota bounds a project's live sandboxes (0 = no bound).
+	ProjectQuota int
+	HTTP         *http.Client
+	Logf         func(string, ...any)
+	Now          func() time.Time
+}
+
+// Remote is core.Runtime over `space node` processes: a scheduler places
+// each sandbox (Place) on the ready node with the most free capacity that
+// has its template, and lifecycle calls go to the node the sandbox record
+// names, from whichever server replica receives them.
+type Remote struct {
+	o  RemoteOptions
+	ns core.NodeStore
+
+	mu       sync.Mutex
+	clients  map[string]*Client
+	reserved map[string][]reservation // node → placements not yet in its heartbeat
+}
+
+type reservation struct {
+	id     string
+	at     time.Time
+	memory int64
+	cpu    int64
+}
+
+var (
+	_ core.Runtime      = (*Remote)(nil)
+	_ core.PauseRuntime = (*Remote)(nil)
+	_ core.Placer       = (*Remote)(nil)
+)
+
+// NewRemote returns the remote runtime.
+func NewRemote(o RemoteOptions) (*Remote, error) {
+	ns, ok := o.Store.(core.NodeStore)
+	if !ok {
+		return nil, fmt.Errorf("remote nodes: the store keeps no node registry: %w", core.ErrInvalid)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 15 * time.Second
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.HTTP == nil {
+		o.HTTP = &http.Client{Timeout: 5 * time.Minute}
+	}
+	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]reservation{}}, nil
+}
+
+// fresh reports whether a node can be scheduled on now.
+func (r *Remote) fresh(n core.NodeRecord, now time.Time) bool {
+	return n.Kind == core.NodeKindNode && n.State == core.NodeReady && n.RPCURL != "" &&
+		now.Sub(n.HeartbeatAt) <= r.o.Timeout
+}
+
+// Nodes returns the registry.
+func (r *Remote) Nodes(ctx context.Context) ([]core.NodeRecord, error) { return r.ns.ListNodes(ctx) }
+
+// Place implements core.Placer.
+func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
+	if r.o.ProjectQuota > 0 {
+		live, err := r.o.Store.ListSandboxes(ctx, core.SandboxFilter{ProjectID: sb.ProjectID, Limit: r.o.ProjectQuota + 1,
+			States: []core.SandboxState{core.SandboxCreating, core.SandboxRunning, core.SandboxPaused, core.SandboxDeleting}})
+		if err != nil {
+			return "", err
+		}
+		if len(live) >= r.o.ProjectQuota {
+			return "", fmt.Errorf("project %s has %d live sandboxes, its quota: %w", sb.ProjectID, len(live), core.ErrExhausted)
+		}
+	}
+	pinned := ""
+	if sb.Snapshot != "" {
+		// A fork restores on the node that keeps its snapshot's data.
+		n, err := r.snapshotNode(ctx, sb.Snapshot)
+		if err != nil {
+			return "", err
+		}
+		pinned = n
+	}
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	now := r.o.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	best, bestScore, ready, withTemplate := "", -1.0, 0, 0
+	var ties []string
+	for _, n := range nodes {
+		if !r.fresh(n, now) || pinned != "" && n.Name != pinned {
+			continue
+		}
+		ready++
+		if !slices.Contains(n.Templates, sb.Template) {
+			continue
+		}
+		withTemplate++
+		mem, cpu, count := n.UsedMemoryBytes, n.UsedCPUMillis, n.Sandboxes
+		kept := r.reserved[n.Name][:0]
+		for _, res := range r.reserved[n.Name] {
+			// A heartbeat sent a while after the placement counts it.
+			if n.HeartbeatAt.After(res.at.Add(2*time.Second)) || now.Sub(res.at) > time.Minute {
+				continue
+			}
+			kept = append(kept, res)
+			mem, cpu, count = mem+res.memory, cpu+res.cpu, count+1
+		}
+		r.reserved[n.Name] = kept
+		if n.MaxSandboxes > 0 && count >= n.MaxSandboxes {
+			continue
+		}
+		if n.MemoryBytes > 0 && n.MemoryBytes-mem < sb.Limits.MemoryBytes {
+			continue
+		}
+		score := 1.0
+		if n.MemoryBytes > 0 {
+			score = float64(n.MemoryBytes-mem-sb.Limits.MemoryBytes) / float64(n.MemoryBytes)
+		}
+		if n.CPUMillis > 0 {
+			// CPU is overcommitted by design; it only breaks near-ties.
+			score += 0.1 * float64(n.CPUMillis-cpu) / float64(n.CPUMillis)
+		}
+		switch {
+		case score > bestScore+1e-9:
+			best, bestScore, ties = n.Name, score, []string{n.Name}
+		case score > bestScore-1e-9:
+			ties = append(ties, n.Name)
+		}
+	}
+	switch {
+	case ready == 0 && pinned != "":
+		return "", fmt.Errorf("snapshot %s is kept on node %s, which is not ready: %w", sb.Snapshot, pinned, core.ErrUnavailable)
+	case ready == 0:
+		return "", fmt.Errorf("no ready node (none has sent a heartbeat in the last %v): %w", r.o.Timeout, core.ErrUnavailable)
+	case withTemplate == 0:
+		return "", fmt.Errorf("template %q is on none of the %d ready nodes: %w", sb.Template, ready, core.ErrNotFound)
+	case best == "":
+		return "", fmt.Errorf("no ready node with template %q has room for %d bytes of memory: %w", sb.Template, sb.Limits.MemoryBytes, core.ErrExhausted)
+	}
+	if len(ties) > 1 {
+		best = ties[rand.IntN(len(ties))]
+	}
+	r.reserved[best] = append(r.reserved[best], reservation{id: sb.ID, at: now, memory: sb.Limits.MemoryBytes, cpu: sb.Limits.CPUMillis})
+	return best, nil
+}
+
+// client returns the client of a node; ErrNotFound when it has no record,
+// errNodeLost when it is marked lost.
+func (r *Remote) client(ctx context.Context, name string) (*Client, error) {
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		if n.Name != name || n.Kind != core.NodeKindNode {
+			continue
+		}
+		if n.State == core.NodeLost {
+			return nil, fmt.Errorf("node %s is lost (%s): %w", name, n.StateReason, errNodeLost)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		c := r.clients[name]
+		if c == nil || c.URL != n.RPCURL {
+			c = NewClient(name, n.RPCURL, r.o.Signer, r.o.HTTP)
+			r.clients[name] = c
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("node %q is not registered: %w", name, core.ErrNotFound)
+}
+
+var errNodeLost = errors.New("node lost")
+
+// nodeOf returns the node a sandbox record names.
+func (r *Remote) nodeOf(ctx context.Context, id string) (string, error) {
+	sb, err := r.o.Store.GetSandbox(ctx, "", id)
+	if err != nil {
+		return "", err
+	}
+	if sb.Node == "" {
+		return "", fmt.Errorf("sandbox %s has no node: %w", id, core.ErrNotFound)
+	}
+	return sb.Node, nil
+}
+
+func (r *Remote) unreserve(node, id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.reserved[node]
+	for i, res := range list {
+		if res.id == id {
+			r.reserved[node] = append(list[:i], list[i+1:]...)
+			return
+		}
+	}
+}
+
+// StartSandbox implements core.Runtime on the node Place chose. When the
+// call fails the node is told to stop the sandbox (it may have started it
+// before the answer was lost), so nothing is left behind.
+func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
+	if sb.Node == "" {
+		return core.Placement{}, fmt.Errorf("sandbox %s was not placed on a node: %w", sb.ID, core.ErrUnavailable)
+	}
+	c, err := r.client(ctx, sb.Node)
+	if err != nil {
+		r.unreserve(sb.Node, sb.ID)
+		return core.Placement{}, fmt.Errorf("start on node %s: %w", sb.Node, err)
+	}
+	progress(10, "starting on node "+sb.Node)
+	pl, err := c.StartSandbox(ctx, sb)
+	if err != nil {
+		r.unreserve(sb.Node, sb.ID)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if stopErr := c.StopSandbox(sctx, sb.ID); stopErr != nil && !errors.Is(stopErr, core.ErrUnavailable) {
+			r.o.Logf("sandbox %s: stop on node %s after failed start: %v", sb.ID, sb.Node, stopErr)
+		}
+		return core.Placement{}, err
+	}
+	return pl, nil
+}
+
+// StopSandbox implements core.Runtime. A sandbox whose node is lost or
+// gone has nothing left to stop from here: a node that comes back sweeps
+// every sandbox the store no longer gives it.
+func (r *Remote) StopSandbox(ctx context.Context, id string) error {
+	node, err := r.nodeOf(ctx, id)
+	if errors.Is(err, core.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c, err := r.client(ctx, node)
+	if errors.Is(err, errNodeLost) || errors.Is(err, core.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.StopSandbox(ctx, id)
+}
+
+// AdoptSandbox implements core.Runtime: nodes adopt their own sandboxes
+// when they start; a server has nothing to re-attach.
+func (r *Remote) AdoptSandbox(ctx context.Context, sb core.Sandbox) error { return nil }
+
+// Sweep implements core.Runtime: nodes sweep their own hosts.
+func (r *Remote) Sweep(ctx context.Context, keep map[string]bool) error { return nil }
+
+// HasTemplate implements core.Runtime: some ready node has the template.
+func (r *Remote) HasTemplate(ctx context.Context, name string) error {
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	now, ready := r.o.Now(), 0
+	for _, n := range nodes {
+		if !r.fresh(n, now) {
+			continue
+		}
+		ready++
+		if slices.Contains(n.Templates, name) {
+			return nil
+		}
+	}
+	if ready == 0 {
+		return fmt.Errorf("no ready node: %w", core.ErrUnavailable)
+	}
+	return fmt.Errorf("template %q is on none of the %d ready nodes: %w", name, ready, core.ErrNotFound)
+}
+
+func (r *Remote) onNode(ctx context.Context, id string, fn func(*Client) error) error {
+	node, err := r.nodeOf(ctx, id)
+	if err != nil {
+		return err
+	}
+	c, err := r.client(ctx, node)
+	if errors.Is(err, errNodeLost) {
+		return fmt.Errorf("%v: %w", err, core.ErrUnavailable)
+	}
+	if err != nil {
+		return err
+	}
+	return fn(c)
+}
+
+// PauseSandbox implements core.PauseRuntime.
+func (r *Remote) PauseSandbox(ctx context.Context, id string) error {
+	return r.onNode(ctx, id, func(c *Client) error { return c.PauseSandbox(ctx, id) })
+}
+
+// ResumeSandbox implements core.PauseRuntime.
+func (r *Remote) ResumeSandbox(ctx context.Context, id string) error {
+	return r.onNode(ctx, id, func(c *Client) error { return c.ResumeSandbox(ctx, id) })
+}
+
+// DataURL returns the data-plane URL of the node a sandbox runs on ("" if
+// unknown).
+func (r *Remote) DataURL(sb core.Sandbox) string {
+	if sb.Node == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return ""
+	}
+	for _, n := range nodes {
+		if n.Name == sb.Node {
+			return n.DataURL
+		}
+	}
+	return ""
+}
