@@ -16,8 +16,9 @@ import (
 	"github.com/space-sandbox/space/internal/bench"
 )
 
-// runBench measures the namespace driver through the real HTTP API of an
-// in-process server (see docs/PERFORMANCE.md).
+// runBench measures a driver (namespace by default, --driver gvisor)
+// through the real HTTP API of an in-process server, or, with --drivers
+// a,b, several drivers side by side in one run (see docs/PERFORMANCE.md).
 func runBench(args []string) error {
 	cfg := bench.DefaultConfig()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -30,6 +31,10 @@ func runBench(args []string) error {
 	fs.IntVar(&cfg.WarmPool, "warm-pool", cfg.WarmPool, "warm pool size (0 skips the warm measurement)")
 	fs.IntVar(&cfg.CrunRuns, "crun-runs", cfg.CrunRuns, "crun baseline runs (0 skips)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", bench.DefaultTemplateDir, "template cache reused between runs")
+	fs.StringVar(&cfg.Driver, "driver", "namespace", "isolation driver to measure: namespace or gvisor")
+	drivers := fs.String("drivers", "", "comma-separated drivers measured side by side in one run (e.g. namespace,gvisor): cold and warm-pool create, exec round trip, and for gvisor snapshot+fork; replaces --driver")
+	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: the pinned build, then PATH)")
+	fs.IntVar(&cfg.SnapshotRuns, "snapshot-runs", 10, "with --drivers: snapshot+fork pairs per driver that has process snapshots (gvisor; 0 skips)")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	verbose := fs.Bool("v", false, "print the server's log to stderr")
@@ -39,7 +44,7 @@ func runBench(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
 	}
-	if cfg.N < 0 || cfg.Idle < 0 || cfg.ExecRuns < 0 || cfg.StdoutRuns < 0 || cfg.CrunRuns < 0 || cfg.WarmPool < 0 || cfg.StdoutBytes < 0 {
+	if cfg.N < 0 || cfg.Idle < 0 || cfg.ExecRuns < 0 || cfg.StdoutRuns < 0 || cfg.CrunRuns < 0 || cfg.WarmPool < 0 || cfg.StdoutBytes < 0 || cfg.SnapshotRuns < 0 {
 		return errors.New("bench: counts must not be negative")
 	}
 	if cfg.Idle > bench.MaxSandboxes {
@@ -68,6 +73,25 @@ func runBench(args []string) error {
 		cfg.ServerLog = func(format string, a ...any) {
 			fmt.Fprintf(os.Stderr, "server: "+format+"\n", a...)
 		}
+	}
+
+	if *drivers != "" {
+		var list []string
+		for _, d := range strings.Split(*drivers, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				list = append(list, d)
+			}
+		}
+		res, runErr := bench.RunDrivers(ctx, cfg, list)
+		if res != nil {
+			if err := emit(res, *out, *asJSON, func() error { return bench.WriteComparison(os.Stdout, res) }); err != nil {
+				return err
+			}
+		}
+		return benchErr(ctx, runErr, tail, *verbose)
+	}
+	if cfg.Driver == "namespace" {
+		cfg.Driver = "" // the default result stays as it was
 	}
 
 	res, runErr := bench.Run(ctx, cfg)
@@ -120,4 +144,37 @@ func (t *logTail) lines() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.buf...)
+}
+
+// emit writes a result as JSON to path (if set) and prints it as JSON or
+// with table.
+func emit(res any, path string, asJSON bool, table func() error) error {
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if path != "" {
+		if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+	}
+	if asJSON {
+		fmt.Println(string(raw))
+		return nil
+	}
+	return table()
+}
+
+// benchErr reports a run's error with the server's last log lines.
+func benchErr(ctx context.Context, runErr error, tail *logTail, verbose bool) error {
+	if runErr == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return errors.New("bench: interrupted")
+	}
+	if lines := tail.lines(); len(lines) > 0 && !verbose {
+		fmt.Fprintf(os.Stderr, "last server log lines:\n  %s\n", strings.Join(lines, "\n  "))
+	}
+	return fmt.Errorf("bench: %w", runErr)
 }

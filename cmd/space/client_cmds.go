@@ -813,7 +813,9 @@ verbs:
   get    NAME
   delete NAME                 (refused while sandboxes use it)
   tag    NAME ALIAS           (ALIAS: name or name:tag, pointing at the same template)
-  build -f Buildfile [-t NAME[:TAG]] [DIR] [--no-context]
+  logs   OPERATION [--step N]  (a build's full RUN step logs)
+  gc                          (remove layers no template or live sandbox uses)
+  build -f Buildfile [-t NAME[:TAG]] [DIR] [--no-context] [--logs]
         (a build file: FROM/RUN/COPY/ENV/WORKDIR/USER/START/READY; DIR is the COPY context)
   build NAME --source busybox|debian [--packages a,b] [--env K=V]... [--cwd DIR] [--user U] [--wait=true]
   build NAME --image REF [--env K=V]... [--cwd DIR] [--user U]   (pulled by the server from a registry)
@@ -842,6 +844,10 @@ func runTemplate(args []string) error {
 		return templateDelete(args[1:])
 	case "tag", "alias":
 		return templateAlias(args[1:])
+	case "logs":
+		return templateLogs(args[1:])
+	case "gc":
+		return templateGC(args[1:])
 	case "help", "-h", "--help":
 		fmt.Println(templateUsage)
 		return nil
@@ -917,6 +923,7 @@ func templateBuild(args []string) error {
 	fs.String("t", "", "with -f: template name, optionally NAME:TAG (default: the context directory's name)")
 	fs.String("tag", "", "same as -t")
 	fs.Bool("no-context", false, "with -f: send no build context")
+	fs.Bool("logs", false, "with -f: after the build, print the full log of every RUN step that ran")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err

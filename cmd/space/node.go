@@ -18,7 +18,11 @@ func clusterSecret(file string) ([]byte, error) {
 	if file != "" {
 		return cluster.ReadSecret(file)
 	}
-	return cluster.CheckSecret([]byte(os.Getenv("SPACE_CLUSTER_SECRET")))
+	v := os.Getenv("SPACE_CLUSTER_SECRET")
+	if v == "" {
+		return nil, usagef("the cluster secret is required: --cluster-secret-file FILE or $SPACE_CLUSTER_SECRET (at least %d bytes, the same on servers and nodes)", cluster.MinSecretBytes)
+	}
+	return cluster.CheckSecret([]byte(v))
 }
 
 func runNode(args []string) error {

@@ -58,6 +58,7 @@ func runServer(args []string) error {
 	fs.BoolVar(&cfg.RemoteNodes, "remote-nodes", false, "run no node here: place sandboxes on registered space node processes (needs --cluster-secret-file or $SPACE_CLUSTER_SECRET)")
 	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret that signs node requests (with --remote-nodes; default $SPACE_CLUSTER_SECRET)")
 	fs.DurationVar(&cfg.NodeTimeout, "node-timeout", 15*time.Second, "with --remote-nodes: a node or server replica silent this long is marked lost")
+	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
 	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
 	if err := fs.Parse(args); err != nil {

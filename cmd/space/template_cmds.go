@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,7 @@ func templateBuildFile(args []string) error {
 	wait := fs.Bool("wait", true, "wait for the build to finish")
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
 	noContext := fs.Bool("no-context", false, "send no build context (a build file without COPY)")
+	showLogs := fs.Bool("logs", false, "after the build, print the full log of every RUN step that ran")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -100,8 +102,23 @@ func templateBuildFile(args []string) error {
 		return nil
 	}
 	sp := &stepPrinter{w: os.Stderr, tty: isTerminal(os.Stderr)}
-	op, err = c.WatchOperation(ctx, op.ID, sp.update)
+	opID := op.ID
+	op, err = c.WatchOperation(ctx, opID, sp.update)
 	sp.done()
+	var opErr *client.OperationError
+	if errors.As(err, &opErr) {
+		// A failed build keeps its steps' full logs (the error has a tail).
+		if *showLogs {
+			if steps, lerr := c.TemplateBuildLogSteps(ctx, opID); lerr == nil {
+				for _, s := range steps {
+					fmt.Fprintf(os.Stderr, "--- step %d\n", s.Step)
+					printBuildLog(ctx, c, opID, s.Step, os.Stderr)
+				}
+			}
+		} else {
+			fmt.Fprintf(os.Stderr, "full step logs: space template logs %s\n", opID)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -130,7 +147,104 @@ func templateBuildFile(args []string) error {
 		}
 		fmt.Fprintf(tw, "  %d/%d\t%s\t%.2fs\t%s\t%s\n", s.Step, len(res.Steps), state, s.Seconds, humanBytes(s.Bytes), s.Instruction)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if w := res.Warm; w != nil {
+		fmt.Fprintf(cl.out, "pre-warmed: snapshot %s (%s): %s\n", w.Snapshot, w.Kind, w.Processes)
+	}
+	if *showLogs {
+		for _, s := range res.Steps {
+			if s.LogBytes == 0 {
+				continue
+			}
+			fmt.Fprintf(cl.out, "--- step %d/%d %s\n", s.Step, len(res.Steps), s.Instruction)
+			if err := printBuildLog(ctx, c, op.ID, s.Step, cl.out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func printBuildLog(ctx context.Context, c *client.Client, opID string, step int, w io.Writer) error {
+	rc, err := c.TemplateBuildLog(ctx, opID, step)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	_, err = io.Copy(w, rc)
+	return err
+}
+
+// templateLogs prints a build's full step logs: one step with --step,
+// else every step that has one.
+func templateLogs(args []string) error {
+	fs, cl := newClientFlags("template logs")
+	step := fs.Int("step", 0, "print only this step's log (FROM is step 1)")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 1, "OPERATION"); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if *step > 0 {
+		return printBuildLog(ctx, c, pos[0], *step, cl.out)
+	}
+	steps, err := c.TemplateBuildLogSteps(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if cl.json {
+		return cl.printJSON(steps)
+	}
+	if len(steps) == 0 {
+		fmt.Fprintf(cl.out, "build %s has no step logs (only RUN steps that ran have one)\n", pos[0])
+	}
+	for _, s := range steps {
+		fmt.Fprintf(cl.out, "--- step %d (%s)\n", s.Step, humanBytes(s.Bytes))
+		if err := printBuildLog(ctx, c, pos[0], s.Step, cl.out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// templateGC removes template layers nothing uses.
+func templateGC(args []string) error {
+	fs, cl := newClientFlags("template gc")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos, 0, ""); err != nil {
+		return err
+	}
+	c, err := cl.client()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	removed, err := c.GCTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	if cl.json {
+		return cl.printJSON(map[string]any{"removed": removed})
+	}
+	for _, d := range removed {
+		fmt.Fprintf(cl.out, "removed %s\n", d)
+	}
+	fmt.Fprintf(cl.out, "%d layers removed\n", len(removed))
+	return nil
 }
 
 // stepPrinter shows a build's step messages ("step N/M INSTR: STATE …"):
@@ -145,7 +259,7 @@ type stepPrinter struct {
 
 func (p *stepPrinter) update(op client.Operation) {
 	msg := op.Message
-	if !strings.HasPrefix(msg, "step ") || msg == p.last {
+	if !strings.HasPrefix(msg, "step ") && !strings.HasPrefix(msg, "prewarm: ") || msg == p.last {
 		return
 	}
 	p.last = msg
@@ -205,6 +319,9 @@ func templateGet(args []string) error {
 	}
 	if len(t.Ready) > 0 {
 		fmt.Fprintf(&b, "ready:   %q\n", t.Ready)
+	}
+	if t.WarmSnapshot != "" {
+		fmt.Fprintf(&b, "warm:    %s (%s)\n", t.WarmSnapshot, t.WarmProcesses)
 	}
 	_, err = cl.out.Write(b.Bytes())
 	return err

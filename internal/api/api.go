@@ -119,6 +119,8 @@ var routes = []route{
 	{"POST", "/v1/templates/build", false, (*Server).buildTemplateFile},
 	{"DELETE", "/v1/templates/{name}", false, (*Server).deleteTemplate},
 	{"POST", "/v1/templates/{name}/alias", false, (*Server).aliasTemplate},
+	{"GET", "/v1/templates/builds/{op}/logs", false, (*Server).buildLogs},
+	{"POST", "/v1/templates/gc", false, (*Server).gcTemplates},
 	{"GET", "/v1/keys", false, (*Server).listKeys},
 	{"POST", "/v1/keys", false, (*Server).createKey},
 	{"DELETE", "/v1/keys/{id}", false, (*Server).revokeKey},

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/space-sandbox/space/internal/auth"
@@ -21,7 +22,25 @@ type BuildfileRequest struct {
 	Name       string
 	File       []byte
 	ContextDir string
+	ProjectID  string // the requester's project: a pre-warm's sandbox and snapshot live there
+	OpID       string // the build operation, which names its step logs
 }
+
+// StepLog is one build step that has a full log.
+type StepLog struct {
+	Step  int   `json:"step"`
+	Bytes int64 `json:"bytes"`
+}
+
+// TemplateGCResult is what a template GC removed.
+type TemplateGCResult struct {
+	Removed []string `json:"removed"` // layer digests
+}
+
+var opIDRE = regexp.MustCompile(`^op-[0-9a-f]{16}$`)
+
+// ValidOpID reports whether id has the shape of an operation id.
+func ValidOpID(id string) bool { return opIDRE.MatchString(id) }
 
 // TemplateAdmin is implemented by template back ends that build from build
 // files, delete and alias templates (the server's). Without it those routes
@@ -32,6 +51,10 @@ type TemplateAdmin interface {
 	BuildFromFile(ctx context.Context, req BuildfileRequest, progress core.Progress) (any, error)
 	DeleteTemplate(ctx context.Context, name string) error
 	AliasTemplate(ctx context.Context, name, alias string) (core.TemplateInfo, error)
+	// BuildLog opens step's full log of build operation opID, or with
+	// step 0 lists the steps that have one.
+	BuildLog(ctx context.Context, opID string, step int) (*os.File, []StepLog, error)
+	GCTemplates(ctx context.Context) (TemplateGCResult, error)
 }
 
 // taggedNameRE is a template name with an optional tag ("py:3.12").
@@ -128,11 +151,11 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 	if file == nil {
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "missing the buildfile part")
 	}
-	req := BuildfileRequest{Name: name, File: file}
+	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
+	req := BuildfileRequest{Name: name, File: file, ProjectID: p.ProjectID, OpID: op.ID}
 	if haveContext {
 		req.ContextDir = dir
 	}
-	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
 	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
 		defer os.RemoveAll(dir)
 		return a.BuildFromFile(ctx, req, progress)
@@ -205,5 +228,66 @@ func (s *Server) aliasTemplate(w http.ResponseWriter, r *http.Request, _ auth.Pr
 		return err
 	}
 	httpx.WriteJSON(w, http.StatusOK, t)
+	return nil
+}
+
+// buildLogs serves a build's full step logs: ?step=N gives step N's log as
+// text (the first 4 MiB of its output); without step, the steps that have
+// one. Only the project that started the build sees them.
+func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	a, err := s.templateAdmin()
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("op")
+	if !ValidOpID(id) {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "no operation %.64q", id)
+	}
+	op, err := s.o.Store.GetOperation(r.Context(), p.ProjectID, id)
+	if err != nil {
+		return err
+	}
+	if op.Kind != "template.build" {
+		return httpx.Errorf(http.StatusNotFound, "not_found", "operation %s is a %s, not a build-file build", id, op.Kind)
+	}
+	step := 0
+	if v := r.URL.Query().Get("step"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "step must be a step number (1-1000)")
+		}
+		step = n
+	}
+	f, list, err := a.BuildLog(r.Context(), id, step)
+	if err != nil {
+		return err
+	}
+	if f == nil {
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"operation": id, "steps": list})
+		return nil
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if fi, err := f.Stat(); err == nil {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, f)
+	return nil
+}
+
+// gcTemplates removes template layers no name refers to and no live
+// sandbox uses (the build cache); later builds make them again.
+func (s *Server) gcTemplates(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+	a, err := s.templateAdmin()
+	if err != nil {
+		return err
+	}
+	res, err := a.GCTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, res)
 	return nil
 }

@@ -28,6 +28,13 @@ type Config struct {
 
 	AgentPath   string `json:"-"` // see EnvOptions
 	TemplateDir string `json:"template_dir"`
+	// Driver is the server's isolation driver ("" = namespace; see
+	// EnvOptions), Runsc the runsc binary for gvisor.
+	Driver string `json:"driver,omitempty"`
+	Runsc  string `json:"runsc,omitempty"`
+	// SnapshotRuns is how many snapshot+fork pairs RunDrivers measures per
+	// driver (0 skips).
+	SnapshotRuns int `json:"snapshot_runs,omitempty"`
 	// Progress receives one line per phase step (default: dropped).
 	Progress func(format string, args ...any) `json:"-"`
 	// ServerLog receives the server's log (default: dropped).
@@ -196,7 +203,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{Date: start.UTC(), Machine: describeMachine(), Config: cfg}
 	res.Config.Progress, res.Config.ServerLog = nil, nil
 	cfg.Progress("starting an in-process server (warm pool %d)", cfg.WarmPool)
-	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool, Logf: cfg.ServerLog})
+	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool, Logf: cfg.ServerLog,
+		Driver: cfg.Driver, Runsc: cfg.Runsc})
 	if err != nil {
 		return res, err
 	}

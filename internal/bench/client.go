@@ -65,10 +65,11 @@ func (e *APIError) Error() string {
 }
 
 type operation struct {
-	ID        string    `json:"id"`
-	State     string    `json:"state"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	ID        string          `json:"id"`
+	State     string          `json:"state"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+	Result    json.RawMessage `json:"result"`
 	Error     *struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
@@ -442,4 +443,67 @@ func readCommandEvents(r io.Reader, onStdout func([]byte)) (ExecResult, error) {
 			}
 		}
 	}
+}
+
+// SnapshotInfo is what a snapshot operation's result says about it.
+type SnapshotInfo struct {
+	ID    string `json:"id"`
+	Kind  string `json:"kind"` // "process" (memory too) or "filesystem"
+	Stats struct {
+		CheckpointMS      float64 `json:"checkpoint_ms"`
+		FrozenMS          float64 `json:"frozen_ms"`
+		ProcessImageBytes int64   `json:"process_image_bytes"`
+		BytesStored       int64   `json:"bytes_stored"`
+	} `json:"stats"`
+	// Op is the operation's duration by the server's clock.
+	Op time.Duration `json:"-"`
+}
+
+// Snapshot takes a snapshot of a running sandbox (POST
+// /v1/sandboxes/{id}/snapshots) and waits until its operation succeeded.
+func (c *Client) Snapshot(ctx context.Context, id string) (SnapshotInfo, error) {
+	var ans struct {
+		Operation operation `json:"operation"`
+	}
+	if err := c.do(ctx, http.MethodPost, c.base+"/v1/sandboxes/"+url.PathEscape(id)+"/snapshots", c.key, nil, http.StatusAccepted, &ans); err != nil {
+		return SnapshotInfo{}, err
+	}
+	op, err := c.waitOp(ctx, ans.Operation.ID)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	var info SnapshotInfo
+	if err := json.Unmarshal(op.Result, &info); err != nil || info.ID == "" {
+		return info, fmt.Errorf("snapshot operation %s: result %s: %v", op.ID, op.Result, err)
+	}
+	info.Op = op.UpdatedAt.Sub(op.CreatedAt)
+	return info, nil
+}
+
+// Fork starts one sandbox from a snapshot (POST /v1/snapshots/{id}/fork
+// {"count":1}) and waits until it runs.
+func (c *Client) Fork(ctx context.Context, snapshotID string) (Sandbox, error) {
+	var ans struct {
+		Sandboxes []struct {
+			Operation operation `json:"operation"`
+			Sandbox   struct {
+				ID string `json:"id"`
+			} `json:"sandbox"`
+			Session struct {
+				Token   string `json:"token"`
+				DataURL string `json:"data_url"`
+			} `json:"session"`
+		} `json:"sandboxes"`
+	}
+	if err := c.do(ctx, http.MethodPost, c.base+"/v1/snapshots/"+url.PathEscape(snapshotID)+"/fork", c.key, map[string]any{"count": 1}, http.StatusAccepted, &ans); err != nil {
+		return Sandbox{}, err
+	}
+	if len(ans.Sandboxes) != 1 {
+		return Sandbox{}, fmt.Errorf("fork of %s: %d sandboxes in the answer, want 1", snapshotID, len(ans.Sandboxes))
+	}
+	it := ans.Sandboxes[0]
+	sb := Sandbox{ID: it.Sandbox.ID, Token: it.Session.Token, DataURL: strings.TrimRight(it.Session.DataURL, "/")}
+	op, err := c.waitOp(ctx, it.Operation.ID)
+	sb.CreateOp = op.UpdatedAt.Sub(op.CreatedAt)
+	return sb, err
 }

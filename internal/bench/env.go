@@ -17,6 +17,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/internal/driver/namespace"
 	"github.com/space-sandbox/space/internal/server"
 	"github.com/space-sandbox/space/internal/store/sqlite"
@@ -45,6 +46,12 @@ type EnvOptions struct {
 	WarmPool int
 	// Logf receives the server's log; default: dropped.
 	Logf func(format string, args ...any)
+	// Driver is the server's isolation driver: "namespace" (default) or
+	// "gvisor".
+	Driver string
+	// Runsc is the runsc binary for the gvisor driver (default: the
+	// server's search: the pinned build, then PATH).
+	Runsc string
 }
 
 // Env is a running in-process server with an API key and a client.
@@ -55,6 +62,7 @@ type Env struct {
 	WarmPool  int
 
 	dir       string // temp root: data/, run/, templates/ (fallback)
+	shortRun  string // gvisor: a short run dir outside dir (unix socket path limits), removed by Close
 	agentPath string
 	logf      func(string, ...any)
 	scope     *cgroupScope
@@ -64,8 +72,14 @@ type Env struct {
 // ports. It moves the process into a cgroup of its own until Close, so a
 // process runs one Env at a time. The caller must Close it.
 func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
+	if o.Driver == "" {
+		o.Driver = namespace.Name
+	}
+	if o.Driver != namespace.Name && o.Driver != gvisor.Name {
+		return nil, fmt.Errorf("bench: driver %q: only %s and %s are measured: %w", o.Driver, namespace.Name, gvisor.Name, driver.ErrUnsupported)
+	}
 	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("bench: the namespace driver needs root: %w", driver.ErrUnsupported)
+		return nil, fmt.Errorf("bench: the %s driver needs root: %w", o.Driver, driver.ErrUnsupported)
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -106,8 +120,17 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 	cfg := server.DefaultConfig()
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.RunDir = filepath.Join(dir, "run")
+	if o.Driver == gvisor.Name {
+		// runsc's sockets live below RunDir/gvisor and must fit a unix
+		// socket path with a 64-byte id.
+		if e.shortRun, err = os.MkdirTemp("/tmp", "spb"); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		cfg.RunDir = e.shortRun
+	}
 	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Driver = namespace.Name
+	cfg.Driver = o.Driver
+	cfg.Runsc = o.Runsc
 	cfg.AgentPath = o.AgentPath
 	cfg.Builtins = []string{WarmTemplate}
 	cfg.WarmPool = o.WarmPool
@@ -276,6 +299,12 @@ func (e *Env) Close(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	e.scope = nil
+	if e.shortRun != "" {
+		if err := os.RemoveAll(e.shortRun); err != nil {
+			errs = append(errs, err)
+		}
+		e.shortRun = ""
+	}
 	if e.dir != "" {
 		if err := os.RemoveAll(e.dir); err != nil {
 			errs = append(errs, err)

@@ -146,14 +146,14 @@ func (h *Handler) route(path string, fn func(ctx context.Context, body []byte) (
 			httpx.WriteError(w, httpx.Errorf(http.StatusMethodNotAllowed, "method_not_allowed", "use POST"))
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRPCBody))
-		if err != nil {
-			httpx.WriteError(w, err)
-			return
-		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), authScheme)
 		if !ok {
 			httpx.WriteError(w, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "a node token is required"))
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRPCBody))
+		if err != nil {
+			httpx.WriteError(w, err)
 			return
 		}
 		if err := h.v.Verify(tok, r.Method, r.URL.Path, body); err != nil {

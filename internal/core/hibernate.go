@@ -314,8 +314,38 @@ func (s *Service) AutoResume(ctx context.Context, projectID, id string) (bool, e
 	if err != nil {
 		return false, err
 	}
-	if !sb.AutoResume || sb.State != SandboxPaused && sb.State != SandboxHibernated {
+	if !sb.AutoResume {
 		return false, nil
+	}
+	// A call can race the pause or hibernation that made the node refuse
+	// it: wait for the operation holding the sandbox to finish, and for a
+	// timeout hibernation the reaper is about to start.
+	for deadline := time.Now().Add(autoResumeWait); sb.State != SandboxPaused && sb.State != SandboxHibernated; {
+		expiring := sb.State == SandboxRunning && sb.OnTimeout == OnTimeoutHibernate &&
+			sb.ExpiresAt != nil && !sb.ExpiresAt.After(s.opts.Now())
+		if sb.State != SandboxRunning || time.Now().After(deadline) {
+			return false, nil
+		}
+		locked := make(chan struct{})
+		go func() { s.sandboxLock(id)(); close(locked) }()
+		select {
+		case <-locked:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		if sb, err = s.store.GetSandbox(ctx, projectID, id); err != nil {
+			return false, err
+		}
+		if sb.State == SandboxRunning {
+			if !expiring {
+				return false, nil
+			}
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+		}
 	}
 	// Concurrent calls for the same pause join one operation.
 	key := fmt.Sprintf("auto-resume-%s-%d", id, sb.UpdatedAt.UnixNano())

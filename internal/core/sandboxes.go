@@ -30,6 +30,13 @@ type Runtime interface {
 	HasTemplate(ctx context.Context, name string) error
 }
 
+// WarmTemplates is implemented by runtimes whose templates may carry a
+// pre-warmed snapshot (a build file's START/READY): a create from such a
+// template restores that snapshot, as a fork does ("" = start cold).
+type WarmTemplates interface {
+	WarmSnapshot(ctx context.Context, template string) string
+}
+
 // Placement says where a sandbox runs.
 type Placement struct {
 	Driver   string
@@ -267,11 +274,15 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	if err := s.runtime.HasTemplate(ctx, req.Template); err != nil {
 		return Sandbox{}, Operation{}, err
 	}
+	restoreFrom := from
+	if wt, ok := s.runtime.(WarmTemplates); ok && from == "" {
+		restoreFrom = wt.WarmSnapshot(ctx, req.Template)
+	}
 	now := s.opts.Now().UTC()
 	sb := Sandbox{
 		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, State: SandboxCreating,
 		Env: req.Env, Metadata: req.Metadata, Limits: req.Limits, Node: s.opts.NodeName,
-		CreatedAt: now, UpdatedAt: now, Network: req.Network, Snapshot: from,
+		CreatedAt: now, UpdatedAt: now, Network: req.Network, Snapshot: restoreFrom,
 	}
 	timeout := s.opts.DefaultTimeout
 	if req.TimeoutSeconds != nil {

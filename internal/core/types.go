@@ -255,6 +255,11 @@ type TemplateInfo struct {
 	Cmd       []string          `json:"cmd,omitempty"`   // start command from an image (entrypoint + cmd)
 	Ready     []string          `json:"ready,omitempty"` // ready check (a build file's READY)
 	CreatedAt time.Time         `json:"created_at"`
+	// WarmSnapshot is the template's pre-warmed snapshot (a build file
+	// with START): creates start from it. WarmProcesses says whether its
+	// processes come back or the start command is run again at create.
+	WarmSnapshot  string `json:"warm_snapshot,omitempty"`
+	WarmProcesses string `json:"warm_processes,omitempty"`
 }
 
 // TemplateBuildRequest asks the server to build a template. Over the API only

@@ -78,6 +78,9 @@ type Config struct {
 	// a build file's FROM) dial loopback, private and link-local registry
 	// addresses; off, such a registry is refused (an SSRF guard).
 	AllowPrivateRegistries bool
+	// TemplateReadyTimeout bounds a build's pre-warm: how long the ready
+	// check (READY) may take to pass (default 2 minutes).
+	TemplateReadyTimeout time.Duration
 }
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
@@ -445,6 +448,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.tm = tm
 	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: s.store,
+		started: map[string]string{}, logDir: filepath.Join(cfg.DataDir, "template-builds"), readyTimeout: cfg.TemplateReadyTimeout,
 		runner: &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids}}}
 	s.node, err = node.New(node.Options{
@@ -477,6 +481,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		DefaultTimeout: cfg.DefaultTimeout, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
 		NodeName: cfg.NodeName, Logf: cfg.Logf,
 	})
+	s.templates.svc, s.templates.engine, s.templates.node = s.svc, s.engine, s.node // for template pre-warm
 	if err := s.svc.Reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
 	"sync"
 	"time"
 
@@ -25,15 +28,27 @@ type Templates struct {
 	logf   func(string, ...any)
 	runner *stepRunner // nil: no build-file builds
 	store  core.Store  // sandboxes' templates, for delete
+	// For pre-warm (set once the service exists) and build logs.
+	svc    *core.Service
+	engine *core.Engine
+	node   *node.Node
+	logDir string // <data-dir>/template-builds: one directory per build operation
+	// readyTimeout bounds a pre-warm's wait for READY (0: prewarmReadyTimeout).
+	readyTimeout time.Duration
 
 	mu       sync.Mutex
 	building map[string]bool
 	failed   map[string]string // builtin name -> why its build failed
+	started  map[string]string // sandbox id -> tree digest it was started on (this process)
 }
 
 func info(t template.Template) core.TemplateInfo {
-	return core.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
+	ti := core.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
 		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, Cmd: t.Defaults.Cmd, Ready: t.Defaults.Ready, CreatedAt: t.CreatedAt}
+	if t.Warm != nil {
+		ti.WarmSnapshot, ti.WarmProcesses = t.Warm.Snapshot, t.Warm.Processes
+	}
+	return ti
 }
 
 // ListTemplates implements core.Templates.
@@ -159,6 +174,12 @@ type runtime struct {
 	t *Templates
 }
 
+// StartSandbox starts sb cold and notes its tree for template GC.
+func (r *runtime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
+	r.t.noteStarted(sb.ID, sb.Template)
+	return r.Node.StartSandbox(ctx, sb, progress)
+}
+
 func (r *runtime) HasTemplate(ctx context.Context, name string) error {
 	_, err := r.t.GetTemplate(ctx, name)
 	return err
@@ -171,7 +192,8 @@ func mapTemplateErr(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &se), errors.Is(err, template.ErrInvalid), errors.Is(err, template.ErrUnsafeInput):
+	case errors.As(err, &se), errors.Is(err, template.ErrInvalid), errors.Is(err, template.ErrUnsafeInput),
+		errors.Is(err, template.ErrPrivateRegistry):
 		return fmt.Errorf("%w: %w", core.ErrInvalid, err)
 	case errors.Is(err, template.ErrNotFound):
 		return fmt.Errorf("%w: %w", core.ErrNotFound, err)
@@ -189,11 +211,32 @@ func (t *Templates) BuildFromFile(ctx context.Context, req api.BuildfileRequest,
 	if t.runner == nil {
 		return nil, fmt.Errorf("template builds from build files need a driver: %w", core.ErrUnavailable)
 	}
-	res, err := t.m.BuildFromFile(ctx, template.BuildfileRequest{Name: req.Name, File: req.File, Context: req.ContextDir, Runner: t.runner},
+	logDir := ""
+	if t.logDir != "" && api.ValidOpID(req.OpID) {
+		t.pruneLogs()
+		logDir = filepath.Join(t.logDir, req.OpID)
+	}
+	hasStart := false
+	if bf, err := template.ParseBuildfile(req.File); err == nil {
+		for _, in := range bf.Steps {
+			hasStart = hasStart || in.Kind == template.InstrStart
+		}
+	}
+	// The name as it was, to put back if the pre-warm fails.
+	var prev *template.Template
+	if old, err := t.m.Get(req.Name); err == nil {
+		prev = &old
+	}
+	res, err := t.m.BuildFromFile(ctx, template.BuildfileRequest{Name: req.Name, File: req.File, Context: req.ContextDir, Runner: t.runner, LogDir: logDir},
 		func(ev template.StepEvent) {
-			pct := 100 * (ev.Step - 1) / ev.Steps
+			// Steps take 0–90% when a pre-warm follows, else 0–100%.
+			scale := 100
+			if hasStart {
+				scale = 90
+			}
+			pct := scale * (ev.Step - 1) / ev.Steps
 			if ev.State != template.StepRunning {
-				pct = 100 * ev.Step / ev.Steps
+				pct = scale * ev.Step / ev.Steps
 			}
 			progress(pct, stepMessage(ev))
 		})
@@ -204,13 +247,187 @@ func (t *Templates) BuildFromFile(ctx context.Context, req api.BuildfileRequest,
 	if steps == nil {
 		steps = []template.StepResult{}
 	}
-	return BuildfileResult{Template: info(res.Template), Steps: steps}, nil
+	out := BuildfileResult{Template: info(res.Template), Steps: steps}
+	if res.HasStart && len(res.Template.Defaults.Cmd) > 0 {
+		if t.warmUsable(ctx, res.Template) {
+			w := res.Template.Warm
+			out.Warm = &WarmResult{Snapshot: w.Snapshot, Kind: w.Kind, Processes: w.Processes, Cached: true}
+			progress(100, "prewarm: cached ("+w.Snapshot+")")
+			return out, nil
+		}
+		progress(90, "prewarm: starting a sandbox of "+req.Name)
+		wr, tp, err := t.prewarm(ctx, req.ProjectID, res.Template, func(msg string) { progress(95, msg) })
+		if err != nil {
+			// No half-made template: the name goes back to what it was.
+			if rerr := t.m.RestoreName(req.Name, prev); rerr != nil {
+				t.logf("template %s: restore name after failed pre-warm: %v", req.Name, rerr)
+			}
+			return nil, mapTemplateErr(err)
+		}
+		out.Warm, out.Template = &wr, info(tp)
+		progress(100, fmt.Sprintf("prewarm: snapshot %s (%s) in %.2fs", wr.Snapshot, wr.Kind, wr.Seconds))
+	}
+	return out, nil
 }
 
 // BuildfileResult is a build-file operation's result.
 type BuildfileResult struct {
 	Template core.TemplateInfo     `json:"template"`
 	Steps    []template.StepResult `json:"steps"`
+	Warm     *WarmResult           `json:"warm,omitempty"` // the pre-warm of a build file with START
+}
+
+// maxBuildLogDirs bounds the build log directories kept (oldest go first);
+// logs older than buildLogTTL go too.
+const (
+	maxBuildLogDirs = 200
+	buildLogTTL     = 7 * 24 * time.Hour
+)
+
+// pruneLogs removes old build logs before a build adds one.
+func (t *Templates) pruneLogs() {
+	ents, err := os.ReadDir(t.logDir)
+	if err != nil {
+		return
+	}
+	type dir struct {
+		name string
+		mod  time.Time
+	}
+	var dirs []dir
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil || !e.IsDir() {
+			continue
+		}
+		dirs = append(dirs, dir{e.Name(), fi.ModTime()})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return dirs[i].mod.Before(dirs[j].mod) })
+	for i, d := range dirs {
+		if len(dirs)-i >= maxBuildLogDirs || time.Since(d.mod) > buildLogTTL {
+			os.RemoveAll(filepath.Join(t.logDir, d.name))
+		}
+	}
+}
+
+// BuildLog implements api.TemplateAdmin: step's full log of build
+// operation opID (the caller checked the operation is the project's).
+// step 0 lists the steps that have a log.
+func (t *Templates) BuildLog(ctx context.Context, opID string, step int) (*os.File, []api.StepLog, error) {
+	if t.logDir == "" || !api.ValidOpID(opID) {
+		return nil, nil, fmt.Errorf("no build logs: %w", core.ErrNotFound)
+	}
+	dir := filepath.Join(t.logDir, opID)
+	if step > 0 {
+		f, err := os.Open(template.StepLogPath(dir, step))
+		if err != nil {
+			return nil, nil, fmt.Errorf("build %s has no log for step %d (only RUN steps that ran have one): %w", opID, step, core.ErrNotFound)
+		}
+		return f, nil, nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, []api.StepLog{}, nil
+	}
+	list := []api.StepLog{}
+	for _, e := range ents {
+		var n int
+		if _, err := fmt.Sscanf(e.Name(), "step-%d.log", &n); err != nil || n <= 0 {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			list = append(list, api.StepLog{Step: n, Bytes: fi.Size()})
+		}
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Step < list[j].Step })
+	return nil, list, nil
+}
+
+// GCTemplates implements api.TemplateAdmin: removes layers no name
+// refers to and no live sandbox may be using (see liveDigests).
+func (t *Templates) GCTemplates(ctx context.Context) (api.TemplateGCResult, error) {
+	keep, err := t.liveDigests(ctx)
+	if err != nil {
+		return api.TemplateGCResult{}, err
+	}
+	removed, err := t.m.GC(ctx, func(d string) bool { return keep[d] })
+	if removed == nil {
+		removed = []string{}
+	}
+	if err != nil {
+		return api.TemplateGCResult{Removed: removed}, mapTemplateErr(err)
+	}
+	return api.TemplateGCResult{Removed: removed}, nil
+}
+
+// liveDigests is the trees sandboxes that are not deleted may use: the one
+// recorded when this process started them, else their template name's.
+// A live sandbox whose name is gone and whose tree this process did not
+// record makes GC refuse (it cannot tell which tree is under it).
+func (t *Templates) liveDigests(ctx context.Context) (map[string]bool, error) {
+	keep := map[string]bool{}
+	if t.store == nil {
+		return keep, nil
+	}
+	t.mu.Lock()
+	for _, d := range t.started {
+		keep[d] = true
+	}
+	t.mu.Unlock()
+	after := ""
+	for {
+		list, err := t.store.ListSandboxes(ctx, core.SandboxFilter{After: after, Limit: 500})
+		if err != nil {
+			return nil, err
+		}
+		for _, sb := range list {
+			if sb.State == core.SandboxDeleted || sb.State == core.SandboxFailed {
+				continue
+			}
+			t.mu.Lock()
+			d, ok := t.started[sb.ID]
+			t.mu.Unlock()
+			if ok {
+				keep[d] = true
+				continue
+			}
+			tp, err := t.m.Get(sb.Template)
+			if err != nil {
+				return nil, fmt.Errorf("sandbox %s uses template %q, which no longer has a name, and this server did not start it: run GC once it is deleted: %w", sb.ID, sb.Template, core.ErrConflict)
+			}
+			keep[tp.Digest] = true
+		}
+		if len(list) < 500 {
+			break
+		}
+		after = list[len(list)-1].ID
+	}
+	return keep, nil
+}
+
+// noteStarted records the tree a sandbox was started on, for GC.
+func (t *Templates) noteStarted(id, template string) {
+	tp, err := t.m.Get(template)
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	if t.started == nil {
+		t.started = map[string]string{}
+	}
+	t.started[id] = tp.Digest
+	t.mu.Unlock()
+}
+
+// StopSandbox destroys the instance and forgets its tree.
+func (r *runtime) StopSandbox(ctx context.Context, id string) error {
+	err := r.Node.StopSandbox(ctx, id)
+	if err == nil {
+		r.t.mu.Lock()
+		delete(r.t.started, id)
+		r.t.mu.Unlock()
+	}
+	return err
 }
 
 // stepMessage is the operation message of a step event, in the fixed form
@@ -266,7 +483,31 @@ func (t *Templates) DeleteTemplate(ctx context.Context, name string) error {
 			after = list[len(list)-1].ID
 		}
 	}
-	return mapTemplateErr(t.m.Remove(name))
+	tp, _ := t.m.Get(name)
+	if err := t.m.Remove(name); err != nil {
+		return mapTemplateErr(err)
+	}
+	// The warm snapshot goes with the last name that uses it.
+	if tp.Warm != nil && t.svc != nil && !t.warmShared(tp.Warm.Snapshot) {
+		if sn, err := t.store.GetSnapshot(ctx, "", tp.Warm.Snapshot); err == nil {
+			t.dropSnapshot(ctx, sn.ProjectID, sn.ID)
+		}
+	}
+	return nil
+}
+
+// warmShared reports whether another name (an alias) uses snapshot id.
+func (t *Templates) warmShared(id string) bool {
+	list, err := t.m.List()
+	if err != nil {
+		return true
+	}
+	for _, o := range list {
+		if o.Warm != nil && o.Warm.Snapshot == id {
+			return true
+		}
+	}
+	return false
 }
 
 // AliasTemplate implements api.TemplateAdmin.

@@ -22,6 +22,9 @@ const SourceBuildfile = "buildfile"
 // build result and the error of a failed step.
 const maxStepOutput = 64 << 10
 
+// MaxStepLog bounds a RUN step's full log kept on disk (BuildfileRequest.LogDir).
+const MaxStepLog = 4 << 20
+
 // RunSpec is one RUN step's command and the config it runs under.
 type RunSpec struct {
 	Argv  []string // exec form; else Shell
@@ -51,6 +54,14 @@ type BuildfileRequest struct {
 	File    []byte // the build file's text
 	Context string // directory holding the build context (COPY sources); "" for none
 	Runner  StepRunner
+	// LogDir, if set, receives each RUN step's output as step-N.log (the
+	// first MaxStepLog bytes; failed steps too). It is created if missing.
+	LogDir string
+}
+
+// StepLogPath is where BuildFromFile writes step n's log under logDir.
+func StepLogPath(logDir string, n int) string {
+	return filepath.Join(logDir, fmt.Sprintf("step-%d.log", n))
 }
 
 // Step states in StepEvents.
@@ -87,12 +98,19 @@ type StepResult struct {
 	// Output is the tail (at most 64 KiB) of a RUN step's output.
 	Output          string `json:"output,omitempty"`
 	OutputTruncated bool   `json:"output_truncated,omitempty"`
+	// LogBytes is what the step's full log on disk holds (at most
+	// MaxStepLog); LogTruncated says output beyond it was dropped.
+	LogBytes     int64 `json:"log_bytes,omitempty"`
+	LogTruncated bool  `json:"log_truncated,omitempty"`
 }
 
 // BuildfileResult is a finished build.
 type BuildfileResult struct {
 	Template Template
 	Steps    []StepResult
+	// HasStart says the build file itself has START (not only inherited
+	// from FROM): the server pre-warms such templates.
+	HasStart bool
 }
 
 // StepError is a RUN step that exited non-zero.
@@ -156,6 +174,14 @@ func (m *Manager) BuildFromFile(ctx context.Context, req BuildfileRequest, event
 			return res, fmt.Errorf("template: open build context: %w", err)
 		}
 		defer ctxRoot.Close()
+	}
+	for _, in := range bf.Steps {
+		res.HasStart = res.HasStart || in.Kind == InstrStart
+	}
+	if req.LogDir != "" {
+		if err := os.MkdirAll(req.LogDir, 0o700); err != nil {
+			return res, fmt.Errorf("template: build log dir: %w", err)
+		}
 	}
 	steps := len(bf.Steps) + 1
 	short := func(s string) string {
@@ -265,6 +291,14 @@ func (m *Manager) BuildFromFile(ctx context.Context, req BuildfileRequest, event
 		t0 := time.Now()
 		events(StepEvent{Step: p.n, Steps: steps, Instruction: p.text, State: StepRunning})
 		out := &tailBuffer{max: maxStepOutput}
+		if req.LogDir != "" && p.in.Kind == InstrRun {
+			f, err := os.OpenFile(StepLogPath(req.LogDir, p.n), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+			if err != nil {
+				return res, fmt.Errorf("template: step log: %w", err)
+			}
+			out.log = &cappedFile{f: f, max: MaxStepLog}
+			defer out.log.close()
+		}
 		var bytesMu sync.Mutex
 		var lastEvent time.Time
 		out.onWrite = func(total int64) {
@@ -288,6 +322,9 @@ func (m *Manager) BuildFromFile(ctx context.Context, req BuildfileRequest, event
 			r.Output, r.OutputTruncated = out.String(), out.total > int64(len(out.buf))
 			if p.in.Kind == InstrCopy {
 				r.Bytes = out.copied
+			}
+			if out.log != nil {
+				r.LogBytes, r.LogTruncated = out.log.n, out.log.dropped > 0
 			}
 		}
 		ev := StepEvent{Step: p.n, Steps: steps, Instruction: p.text, State: StepDone, Cached: !ran, Bytes: r.Bytes, Seconds: r.Seconds, Layer: layer}
@@ -565,11 +602,52 @@ type tailBuffer struct {
 	total   int64
 	copied  int64
 	onWrite func(total int64)
+	log     *cappedFile // nil: no full log
+}
+
+// cappedFile keeps the first max bytes written to it and counts the rest.
+type cappedFile struct {
+	f       *os.File
+	max     int64
+	n       int64
+	dropped int64
+	err     error
+}
+
+func (c *cappedFile) write(p []byte) {
+	if c.err != nil || c.n >= c.max {
+		c.dropped += int64(len(p))
+		return
+	}
+	q := p
+	if room := c.max - c.n; int64(len(q)) > room {
+		q = q[:room]
+	}
+	w, err := c.f.Write(q)
+	c.n += int64(w)
+	c.dropped += int64(len(p) - w)
+	c.err = err
+}
+
+// close notes dropped output at the end of the log (so a reader sees it
+// was cut) and closes the file; safe to call twice.
+func (c *cappedFile) close() {
+	if c.f == nil {
+		return
+	}
+	if c.dropped > 0 {
+		fmt.Fprintf(c.f, "\n[space: %d more bytes of output were not kept]\n", c.dropped)
+	}
+	c.f.Close()
+	c.f = nil
 }
 
 func (b *tailBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	b.total += int64(len(p))
+	if b.log != nil {
+		b.log.write(p)
+	}
 	b.buf = append(b.buf, p...)
 	if len(b.buf) > b.max {
 		b.buf = append(b.buf[:0], b.buf[len(b.buf)-b.max:]...)

@@ -49,6 +49,11 @@ func (m *Manager) resolveRemote(ctx context.Context, ref string, tr *http.Transp
 	if err != nil {
 		return nil, fmt.Errorf("%w: image reference %q: %w", ErrInvalid, ref, err)
 	}
+	if !m.opts.AllowPrivateRegistries {
+		if err := checkRegistryHost(ctx, r.Context().RegistryStr()); err != nil {
+			return nil, err
+		}
+	}
 	kc, err := m.keychain()
 	if err != nil {
 		return nil, err
@@ -113,9 +118,7 @@ func (m *Manager) registryTransport() *http.Transport {
 			if err != nil {
 				return fmt.Errorf("%w: %s", ErrPrivateRegistry, address)
 			}
-			a := ap.Addr().Unmap()
-			if !a.IsGlobalUnicast() || a.IsPrivate() || a.IsLoopback() || a.IsLinkLocalUnicast() ||
-				cgnat.Contains(a) {
+			if !publicAddr(ap.Addr()) {
 				return fmt.Errorf("%w: %s", ErrPrivateRegistry, address)
 			}
 			return nil
@@ -133,6 +136,42 @@ func (m *Manager) registryTransport() *http.Transport {
 }
 
 var cgnat = netip.MustParsePrefix("100.64.0.0/10")
+
+// publicAddr reports whether a registry may be dialled at a.
+func publicAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsGlobalUnicast() && !a.IsPrivate() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !cgnat.Contains(a)
+}
+
+// checkRegistryHost resolves a registry's host and refuses it when any of
+// its addresses is not public, before anything is dialled (a name with
+// one public and one internal address is refused outright, rather than
+// depending on which one a dial picks; the dialer checks again).
+func checkRegistryHost(ctx context.Context, hostport string) error {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if a, err := netip.ParseAddr(host); err == nil {
+		if !publicAddr(a) {
+			return fmt.Errorf("%w: %s", ErrPrivateRegistry, hostport)
+		}
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(rctx, "ip", host)
+	if err != nil {
+		return fmt.Errorf("template: resolve registry %s: %w", host, err)
+	}
+	for _, a := range addrs {
+		if !publicAddr(a) {
+			return fmt.Errorf("%w: %s resolves to %s", ErrPrivateRegistry, host, a)
+		}
+	}
+	return nil
+}
 
 // dockerConfigPath is Options.DockerConfig, else $DOCKER_CONFIG/config.json,
 // else ~/.docker/config.json.

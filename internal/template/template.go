@@ -77,7 +77,8 @@ type Defaults struct {
 	User string            `json:"user,omitempty"`
 	// Cmd is the start command (an image's entrypoint followed by its cmd).
 	Cmd []string `json:"cmd,omitempty"`
-	// Ready is the ready check of a build file's READY (not run yet).
+	// Ready is the ready check of a build file's READY (run by the
+	// server's pre-warm after a build whose file has START).
 	Ready []string `json:"ready,omitempty"`
 }
 
@@ -91,6 +92,20 @@ type Template struct {
 	Files     int       // entries in the tree, directories included
 	CreatedAt time.Time // when the name was (last) pointed at this digest
 	Source    string    // SourceBusybox, SourceDebian, SourceDir or SourceTar
+	// Warm is the pre-warmed snapshot of this name's tree (a build file
+	// with START), nil when there is none.
+	Warm *Warm
+}
+
+// Warm records a template's pre-warmed snapshot: a sandbox of the template
+// ran the start command until the ready check passed, then was
+// snapshotted through the normal snapshot path. Sandboxes of the template
+// start from it.
+type Warm struct {
+	Snapshot  string    `json:"snapshot"`  // snapshot id in the server's store
+	Kind      string    `json:"kind"`      // "process" or "filesystem"
+	Processes string    `json:"processes"` // what a create does about the start command
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Progress is called during builds with a stage name ("hash", "busybox",
@@ -318,6 +333,7 @@ type nameRecord struct {
 	SizeBytes int64     `json:"size_bytes"`
 	Files     int       `json:"files"`
 	CreatedAt time.Time `json:"created_at"`
+	Warm      *Warm     `json:"warm,omitempty"`
 }
 
 // rootfsMeta is the on-disk form of rootfs/<hex>.json.
@@ -341,6 +357,7 @@ func (m *Manager) toTemplate(r nameRecord) Template {
 		Files:     r.Files,
 		CreatedAt: r.CreatedAt,
 		Source:    r.Source,
+		Warm:      r.Warm,
 	}
 }
 
@@ -420,6 +437,44 @@ func (m *Manager) Remove(name string) error {
 		return fmt.Errorf("template: remove %q: %w", name, err)
 	}
 	return nil
+}
+
+// SetWarm records w (nil: none) as name's pre-warmed snapshot, provided
+// name still points at digest (a rebuild meanwhile wins).
+func (m *Manager) SetWarm(name, digest string, w *Warm) (Template, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, err := m.readName(name)
+	if err != nil {
+		return Template{}, err
+	}
+	if r.Digest != digest {
+		return Template{}, fmt.Errorf("%w: template %q was re-pointed while it was pre-warmed", ErrLocked, name)
+	}
+	r.Warm = w
+	if err := writeJSONAtomic(m.namesDir(), name+".json", r, !m.opts.NoSync); err != nil {
+		return Template{}, err
+	}
+	return m.toTemplate(r), nil
+}
+
+// RestoreName puts name back as prev (nil: removes it), undoing a build
+// whose later stage (pre-warm) failed.
+func (m *Manager) RestoreName(name string, prev *Template) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev == nil {
+		if err := os.Remove(m.namePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("template: remove %q: %w", name, err)
+		}
+		return nil
+	}
+	r := nameRecord{Name: name, Digest: prev.Digest, Source: prev.Source, Defaults: prev.Defaults,
+		SizeBytes: prev.SizeBytes, Files: prev.Files, CreatedAt: prev.CreatedAt, Warm: prev.Warm}
+	return writeJSONAtomic(m.namesDir(), name+".json", r, !m.opts.NoSync)
 }
 
 // GC deletes rootfs trees that no name refers to and for which keep (may be

@@ -24,12 +24,72 @@ type TemplateBuildStep struct {
 	Layer           string  `json:"layer,omitempty"`
 	Output          string  `json:"output,omitempty"` // tail of a RUN step's output
 	OutputTruncated bool    `json:"output_truncated,omitempty"`
+	// LogBytes is the size of the step's full log (TemplateBuildLog);
+	// LogTruncated: output beyond its bound (4 MiB) was dropped.
+	LogBytes     int64 `json:"log_bytes,omitempty"`
+	LogTruncated bool  `json:"log_truncated,omitempty"`
 }
 
 // TemplateBuildResult is the result of a build-file operation.
 type TemplateBuildResult struct {
 	Template TemplateInfo        `json:"template"`
 	Steps    []TemplateBuildStep `json:"steps"`
+	Warm     *TemplateWarm       `json:"warm,omitempty"`
+}
+
+// TemplateWarm is a build's pre-warm (a build file with START): the
+// snapshot taken once the ready check passed.
+type TemplateWarm struct {
+	Snapshot    string  `json:"snapshot"`
+	Kind        string  `json:"kind"` // "process" or "filesystem"
+	Processes   string  `json:"processes"`
+	Seconds     float64 `json:"seconds"`
+	ReadyChecks int     `json:"ready_checks"`
+	Cached      bool    `json:"cached,omitempty"`
+}
+
+// TemplateStepLog is a build step that has a full log.
+type TemplateStepLog struct {
+	Step  int   `json:"step"`
+	Bytes int64 `json:"bytes"`
+}
+
+// TemplateBuildLogSteps lists the steps of build operation opID that have
+// a full log (RUN steps that ran).
+func (c *Client) TemplateBuildLogSteps(ctx context.Context, opID string) ([]TemplateStepLog, error) {
+	var res struct {
+		Steps []TemplateStepLog `json:"steps"`
+	}
+	u, err := route(c.base, "/v1/templates/builds/%s/logs", opID)
+	if err != nil {
+		return nil, err
+	}
+	_, err = c.r.do(ctx, request{method: http.MethodGet, url: u, out: &res})
+	return res.Steps, err
+}
+
+// TemplateBuildLog streams step's full log (the first 4 MiB of its output)
+// of build operation opID; the caller closes it.
+func (c *Client) TemplateBuildLog(ctx context.Context, opID string, step int) (io.ReadCloser, error) {
+	u, err := route(c.base, "/v1/templates/builds/%s/logs", opID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.r.do(ctx, request{method: http.MethodGet, url: fmt.Sprintf("%s?step=%d", u, step), stream: true})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// GCTemplates removes template layers no name refers to and no live
+// sandbox uses; it returns their digests.
+func (c *Client) GCTemplates(ctx context.Context) ([]string, error) {
+	var res struct {
+		Removed []string `json:"removed"`
+	}
+	_, err := c.r.do(ctx, request{method: http.MethodPost, url: c.base + "/v1/templates/gc", out: &res})
+	return res.Removed, err
 }
 
 // BuildTemplateFile starts a build from a build file (FROM, RUN, COPY, ENV,

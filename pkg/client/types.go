@@ -156,6 +156,11 @@ type TemplateInfo struct {
 	Cmd       []string          `json:"cmd,omitempty"`   // start command from an image
 	Ready     []string          `json:"ready,omitempty"` // ready check (a build file's READY)
 	CreatedAt time.Time         `json:"created_at"`
+	// WarmSnapshot is the pre-warmed snapshot sandboxes of the template
+	// start from (a build file with START); WarmProcesses says whether
+	// the start command's processes come back or it runs again at create.
+	WarmSnapshot  string `json:"warm_snapshot,omitempty"`
+	WarmProcesses string `json:"warm_processes,omitempty"`
 }
 
 // TemplateBuildRequest asks the server to build a template. Over the API the

@@ -195,6 +195,10 @@ type run struct {
 	note    string // evidence the decision log cannot hold (e.g. the gateway gone)
 	pClass  bool   // an attacker contact here is an authorized-channel finding (FAIL-P)
 	invalid []string
+	// gvisor only (nil/"" with every other driver): the capture of the
+	// sandbox's veth, and why the case could not apply (gvisorNA).
+	veth *vethCapture
+	na   string
 }
 
 // rt runs the red-team client in the sandbox (or, for netns-guest, as real
@@ -364,7 +368,9 @@ func (e *env) catalogue() []rtCase {
 			if r.exec == "netns-guest" {
 				r.require(r.delta("nft_proto_drop") > 0 && r.delta("nft_ipopt_drop") > 0, "proto_drop %d ipopt_drop %d", r.delta("nft_proto_drop"), r.delta("nft_ipopt_drop"))
 			}
-			_ = out
+			if !r.deny {
+				r.na = r.gvisorNA(out, "ip options (LSRR)")
+			}
 		}},
 		{id: "RT-10", title: "DNS tunnelling through the gateway resolver", class: "D", modes: []string{modeB, modeA}, run: func(r *run) {
 			h := "x" + hex.EncodeToString([]byte(r.n))
@@ -549,6 +555,9 @@ func (e *env) catalogue() []rtCase {
 			r.rt("spoof", r.e.gwAddr(r.sb), att, r.n)
 			r.rt("spoof", upstreamDNS, r.e.gwAddr(r.sb), r.n)
 			r.deny = r.denied("nft_spoof_drop")
+			if !r.deny {
+				r.na = r.gvisorNA(strings.Join(r.outputs, "\n"))
+			}
 		}},
 		{id: "RT-45", title: "Fragmentation (tiny, overlapping, kernel-fragmented)", class: "S", modes: []string{modeB, modeA}, guest: true, run: func(r *run) {
 			r.rt("frag", att, r.n)
@@ -558,6 +567,12 @@ func (e *env) catalogue() []rtCase {
 		{id: "RT-44", title: "IPv6 egress: link-local, ULA, global, metadata fd00:ec2::254 (R3; no text in redteam-cases.md)", class: "S", modes: []string{modeB, modeA}, guest: true, run: func(r *run) {
 			out := r.rt("v6", r.n)
 			r.deny = r.denied("nft_v6_drop") || (r.exec == "sandbox" && strings.Contains(out, "enable ipv6 all: ERR"))
+			if r.veth != nil && !r.denied("nft_v6_drop") {
+				// gvisor: the sandbox's own errors are no denial evidence;
+				// either the host counted IPv6 or nothing could be sent.
+				r.deny = false
+				r.na = r.gvisorNA(out, "icmpv6 socket udp6")
+			}
 		}},
 		{id: "RT-47", title: "Fail-closed: overload", class: "R", modes: []string{modeA}, run: func(r *run) {
 			r.rt("flood", att+":4444", "20")
@@ -671,12 +686,18 @@ func (e *env) serverPorts() []string {
 }
 
 // netnsOf finds the network namespace holding the sandbox's eth0 address
-// (a process in it: the sandbox's PID 1 or any other).
+// (a process in it: the sandbox's PID 1 or any other). Under gvisor it is
+// the namespace the driver pinned before runsc started
+// (<data>/gvisor/<id>/netns): runsc moved the address into gVisor's
+// netstack, so no namespace holds it (guest gives it back for the run).
 func (e *env) netnsOf(t *testing.T, sb sbx) string {
 	t.Helper()
 	l, ok := e.srv.Network().Links.Get(sb.instance)
 	if !ok {
 		t.Fatalf("no link for %s", sb.instance)
+	}
+	if p := e.gvisorNetns(sb); p != "" {
+		return p
 	}
 	self, _ := os.Readlink("/proc/self/ns/net")
 	seen := map[string]bool{self: true}
@@ -721,6 +742,10 @@ func (e *env) netnsOf(t *testing.T, sb sbx) string {
 func (e *env) guest(t *testing.T, sb sbx, args ...string) string {
 	t.Helper()
 	ns := e.netnsOf(t, sb)
+	if e.gvisorNetns(sb) != "" {
+		undo := e.guestLink(t, sb, ns)
+		defer undo()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + ns, filepath.Join(e.tmp, "rootfs", "bin", "rt")}, args...)...)
@@ -748,7 +773,11 @@ func (e *env) runCatalogue(t *testing.T, rep *report, runs int, credID string) {
 			}
 			for _, ex := range execs {
 				if c.run == nil {
-					rep.add(outcome{mode: mode, exec: ex, id: c.id, title: c.title, class: c.class, tier: c.tier, verdict: "N/A", why: "firecracker execution only; the namespace driver has no vsock (O-HOST is checked on every run)"})
+					why := "firecracker execution only; the namespace driver has no vsock (O-HOST is checked on every run)"
+					if e.srv != nil && e.srv.Node().DriverName() != "namespace" {
+						why = "firecracker execution only; the " + e.srv.Node().DriverName() + " driver has no vsock (O-HOST is checked on every run)"
+					}
+					rep.add(outcome{mode: mode, exec: ex, id: c.id, title: c.title, class: c.class, tier: c.tier, verdict: "N/A", why: why})
 					continue
 				}
 				for i := 0; i < runs; i++ {
@@ -770,6 +799,10 @@ func (e *env) runCase(t *testing.T, c rtCase, mode, ex, credID string) outcome {
 	sb := e.create(t, pol)
 	defer e.cl.Delete(context.Background(), sb.ID)
 	r := &run{t: t, e: e, sb: sb, mode: mode, exec: ex, n: nonce()}
+	if ex == "sandbox" && e.gvisorNetns(sb) != "" {
+		r.veth = e.captureVeth(t, sb)
+		defer r.veth.Close()
+	}
 	l := e.log(t, sb)
 	r.counters = l.Counters
 	r.seq = e.seq(t, sb)
@@ -853,6 +886,8 @@ func (e *env) runCase(t *testing.T, c rtCase, mode, ex, credID string) outcome {
 		o.verdict, o.why = "FAIL-P", strings.Join(bypass, "; ")
 	case len(bypass) > 0:
 		o.verdict, o.why = "FAIL-B", strings.Join(bypass, "; ")
+	case r.na != "" && !r.deny && r.ctrl && len(r.invalid) == 0:
+		o.verdict, o.why = "N/A", r.na // gvisor only: see gvisorNA
 	case !r.deny || !r.ctrl || len(r.invalid) > 0:
 		o.verdict = "INVALID"
 		o.why = fmt.Sprintf("denial logged %v, positive control %v %s; counters grew: %s", r.deny, r.ctrl, strings.Join(r.invalid, "; "), r.grown())
@@ -860,7 +895,9 @@ func (e *env) runCase(t *testing.T, c rtCase, mode, ex, credID string) outcome {
 		o.verdict = "PASS"
 		o.why = strings.TrimPrefix(strings.Join([]string{r.evidence(), r.note}, "; "), "; ")
 	}
-	if o.verdict != "PASS" {
+	if o.verdict == "N/A" {
+		t.Logf("%s %s (%s, %s): N/A — %s", c.id, c.title, mode, ex, o.why)
+	} else if o.verdict != "PASS" {
 		t.Errorf("%s %s (%s, %s): %s — %s", c.id, c.title, mode, ex, o.verdict, o.why)
 	}
 	return o

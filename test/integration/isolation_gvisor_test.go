@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +161,10 @@ func TestIsolationGvisor(t *testing.T) {
 		}
 	})
 
+	t.Run("fork-bomb", func(t *testing.T) { gvisorForkBomb(t, e) })
+	t.Run("oom", func(t *testing.T) { gvisorOOM(t, e) })
+	t.Run("lost-at-runtime", func(t *testing.T) { gvisorLostAtRuntime(t, e) })
+
 	t.Run("no-leaks", func(t *testing.T) {
 		sb := e.create(t, nil)
 		inst := instanceOf(t, e, sb.ID)
@@ -172,6 +178,8 @@ func TestIsolationGvisor(t *testing.T) {
 		}
 		t.Errorf("left behind after delete: %v", left)
 	})
+	// Last: it kills the server.
+	t.Run("crash-restart", func(t *testing.T) { gvisorCrashRestart(t, e) })
 }
 
 // instanceOf returns the driver instance id of sandbox id.
@@ -232,4 +240,260 @@ func gvisorLeftovers(e *env, inst string) []string {
 		}
 	}
 	return out
+}
+
+// sandboxState is the state and reason the API reports for a sandbox.
+func sandboxState(t *testing.T, e *env, id string) (string, string) {
+	t.Helper()
+	_, m, err := e.call("GET", "/v1/sandboxes/"+id, e.key, nil)
+	if err != nil {
+		t.Fatalf("get sandbox: %v", err)
+	}
+	st, _ := m["state"].(string)
+	reason, _ := m["state_reason"].(string)
+	return st, reason
+}
+
+// waitState waits until the sandbox leaves running (or d passes) and
+// returns its state and reason.
+func waitState(t *testing.T, e *env, id string, d time.Duration) (string, string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, reason := sandboxState(t, e, id)
+		if st != "running" || time.Now().After(deadline) {
+			return st, reason
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runscPIDs lists the host pids of runsc processes serving instance inst.
+func runscPIDs(inst string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil && strings.HasPrefix(string(cmd), "runsc") && strings.Contains(string(cmd), inst) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// hostTasks counts the host's threads (every task in /proc/*/task).
+func hostTasks() int {
+	tasks, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*")
+	return len(tasks)
+}
+
+// waitNoLeftovers fails on anything instance inst left on the host.
+func waitNoLeftovers(t *testing.T, e *env, inst string) {
+	t.Helper()
+	var left []string
+	for i := 0; i < 100; i++ {
+		if left = gvisorLeftovers(e, inst); len(left) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("left behind by %s: %v", inst, left)
+}
+
+// gvisorForkBomb: a fork bomb under pids=64. The host's pids cgroup
+// limits runsc's host threads, not the sandbox's tasks (they live in the
+// Sentry); gVisor enforces the spec's pids limit itself. What must hold:
+// the host is unaffected (its task count grows by at most the sandbox's
+// cgroup), and the sandbox either stays usable once the bomb is killed or
+// is reported lost with a reason; never a running sandbox that no longer
+// answers.
+func gvisorForkBomb(t *testing.T, e *env) {
+	sb := e.create(t, map[string]any{"limits": map[string]any{"pids": 64, "memory_bytes": 256 << 20}})
+	inst := instanceOf(t, e, sb.ID)
+	before := hostTasks()
+	cid := sb.start(t, map[string]any{"shell": "bomb() { bomb | bomb & }; bomb; sleep 3; exit 0"})
+	peak := before
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		peak = max(peak, hostTasks())
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The host can still start processes, and its task count stayed near
+	// where it was (the sandbox's tasks are not host tasks).
+	if out, err := exec.Command("/bin/true").CombinedOutput(); err != nil {
+		t.Fatalf("the host cannot start a process during the bomb: %v %s", err, out)
+	}
+	t.Logf("host tasks: %d before, %d at the peak of the bomb; runsc processes %d", before, peak, len(runscPIDs(inst)))
+	if peak-before > 200 {
+		t.Errorf("the fork bomb grew the host's task count by %d", peak-before)
+	}
+	// The host's pids cgroup of the sandbox counts runsc's host tasks
+	// (Sentry threads, systrap stub processes, one per address space), so
+	// the bomb may exhaust it and take the whole sandbox down: then it
+	// must be reported lost with a reason (below), not hang as running.
+	if st, _ := waitState(t, e, sb.ID, 2*time.Second); st == "running" {
+		_, ex := sb.stream(t, cid, "", 0, nil)
+		t.Logf("fork bomb command exit: %+v", ex)
+	}
+	defer func() {
+		// Another sandbox starts and works: the node is unaffected.
+		other := e.create(t, nil)
+		if out, x := other.sh(t, "echo fine"); x.Code != 0 || !strings.Contains(out, "fine") {
+			t.Errorf("a new sandbox after the fork bomb: %+v %q", x, out)
+		}
+		other.delete(t)
+	}()
+	var out string
+	var x exitInfo
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		if st, reason := sandboxState(t, e, sb.ID); st != "running" {
+			if st != "lost" || reason == "" {
+				t.Fatalf("after the fork bomb the sandbox is %q (%q), want running and usable, or lost with a reason", st, reason)
+			}
+			t.Logf("the fork bomb took the sandbox down: %s (%s)", st, reason)
+			if code, m, _ := e.call("DELETE", "/v1/sandboxes/"+sb.ID, e.key, nil); code >= 500 {
+				t.Errorf("delete of the lost sandbox: %d %v", code, m)
+			}
+			waitNoLeftovers(t, e, inst)
+			return
+		}
+		out, x = sb.sh(t, "kill -9 -1 2>/dev/null; sleep 0.2; echo alive")
+		if x.Code == 0 && strings.Contains(out, "alive") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox running but unusable after the fork bomb: %+v %q", x, out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// gVisor's own limit: no more than 64 tasks could exist at once.
+	out, x = sb.sh(t, "for i in $(seq 80); do sleep 5 & done 2>&1 | tail -1; ls -d /proc/[0-9]* | wc -l; kill -9 -1 2>/dev/null; true")
+	t.Logf("80 sleeps under pids=64: %q", out)
+	sb.delete(t)
+	waitNoLeftovers(t, e, inst)
+}
+
+// gvisorOOM: a memory hog over the limit. The host's OOM killer picks a
+// process in the sandbox's memory cgroup: the systrap stub process of the
+// hog's address space (then gVisor reports that task SIGKILLed and the
+// sandbox runs on), or the Sentry (then the whole sandbox dies). Either
+// way the API must say so: the command's exit oom_killed and a working
+// sandbox, or the sandbox lost with a reason; nothing left on the host.
+func gvisorOOM(t *testing.T, e *env) {
+	sb := e.create(t, map[string]any{"limits": map[string]any{"memory_bytes": 128 << 20}})
+	inst := instanceOf(t, e, sb.ID)
+	if out, x := sb.sh(t, "echo ok"); x.Code != 0 || !strings.Contains(out, "ok") {
+		t.Fatalf("sandbox unusable before the hog: %+v %q", x, out)
+	}
+	cid := sb.start(t, map[string]any{"argv": []string{"sh", "-c", "awk 'BEGIN{s=\"x\"; while(1){s=s s}}'"}})
+	_, ex := sb.stream(t, cid, "", 0, nil)
+	t.Logf("memory hog exit: %+v", ex)
+	st, reason := waitState(t, e, sb.ID, 2*time.Second)
+	t.Logf("after the hog: state %q, reason %q", st, reason)
+	switch st {
+	case "lost":
+		if reason == "" {
+			t.Errorf("sandbox lost to OOM without a reason")
+		}
+		if ex != nil && !ex.OOMKilled && ex.Signal == "" && ex.Code == 0 {
+			t.Errorf("the hog's command reported a clean exit on a sandbox that died: %+v", ex)
+		}
+	case "running":
+		// The kill hit the hog's stub process: the command must be
+		// reported OOM-killed and the sandbox must work.
+		if ex == nil || !ex.OOMKilled {
+			t.Errorf("memory hog on a sandbox still running: exit %+v, want oom_killed", ex)
+		}
+		if out, x := sb.sh(t, "echo still-here"); x.Code != 0 || !strings.Contains(out, "still-here") {
+			t.Errorf("sandbox running but unusable after OOM: %+v", x)
+		}
+	default:
+		t.Fatalf("after the memory hog the sandbox is %q (%q), want lost with a reason", st, reason)
+	}
+	if st == "running" {
+		sb.delete(t)
+	} else if len(runscPIDs(inst)) > 0 {
+		t.Errorf("sandbox reported %s but runsc processes remain: %v", st, runscPIDs(inst))
+	}
+	// A lost sandbox can be deleted; either way nothing is left behind.
+	if s, _, _ := e.call("DELETE", "/v1/sandboxes/"+sb.ID, e.key, nil); s >= 500 {
+		t.Errorf("delete after OOM: %d", s)
+	}
+	waitNoLeftovers(t, e, inst)
+}
+
+// gvisorLostAtRuntime kills a sandbox's runsc processes (Sentry, gofer)
+// from the host while the server runs: it must be reported lost with a
+// reason, its data plane must stop serving it, and nothing is left.
+func gvisorLostAtRuntime(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	inst := instanceOf(t, e, sb.ID)
+	pids := runscPIDs(inst)
+	if len(pids) == 0 {
+		t.Fatalf("no runsc process found for %s", inst)
+	}
+	for _, pid := range pids {
+		if p, err := os.FindProcess(pid); err == nil {
+			p.Kill()
+		}
+	}
+	st, reason := waitState(t, e, sb.ID, 15*time.Second)
+	if st != "lost" || reason == "" {
+		t.Fatalf("sandbox whose runsc processes were killed: %q (%q), want lost with a reason", st, reason)
+	}
+	t.Logf("killed runsc %v: state %s, reason %q", pids, st, reason)
+	if code, _, _ := sb.dp("GET", "/commands", nil); code != 404 {
+		t.Errorf("data plane still serves a lost sandbox: %d", code)
+	}
+	waitNoLeftovers(t, e, inst)
+}
+
+// gvisorCrashRestart: kill -9 of the server; the restarted server
+// re-adopts the running gvisor sandbox (same runsc processes, files, a
+// command that ran across the restart), reports one whose runsc processes
+// died during the downtime lost, and leaks nothing.
+func gvisorCrashRestart(t *testing.T, e *env) {
+	keep := e.create(t, nil)
+	keepInst := instanceOf(t, e, keep.ID)
+	keep.sh(t, "echo before > /tmp/state")
+	long := keep.start(t, map[string]any{"shell": "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick $i; sleep 0.3; done"})
+	lost := e.create(t, nil)
+	lostInst := instanceOf(t, e, lost.ID)
+	keepPIDs := runscPIDs(keepInst)
+	e.Kill9()
+	// The sandboxes outlive the server; one of them dies while it is down.
+	for _, pid := range runscPIDs(lostInst) {
+		if p, err := os.FindProcess(pid); err == nil {
+			p.Kill()
+		}
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if st, reason := sandboxState(t, e, keep.ID); st != "running" {
+		t.Fatalf("re-adopted gvisor sandbox: %q (%q)", st, reason)
+	}
+	if got := runscPIDs(keepInst); fmt.Sprint(got) != fmt.Sprint(keepPIDs) {
+		t.Errorf("runsc processes of the re-adopted sandbox: %v before, %v after (none restarted, none added)", keepPIDs, got)
+	}
+	if out, ex := keep.sh(t, "cat /tmp/state"); ex.Code != 0 || out != "before\n" {
+		t.Fatalf("re-adopted sandbox unusable: %+v %q", ex, out)
+	}
+	var ticks strings.Builder
+	_, x := keep.stream(t, long, "", 0, func(ev event) { ticks.Write(ev.Data) })
+	if x == nil || x.Code != 0 || !strings.Contains(ticks.String(), "tick 10") {
+		t.Errorf("command across the restart: %+v %q", x, ticks.String())
+	}
+	st, reason := waitState(t, e, lost.ID, 10*time.Second)
+	if st != "lost" || reason == "" {
+		t.Errorf("sandbox whose runsc died during the downtime: %q (%q), want lost with a reason", st, reason)
+	}
+	t.Logf("died during the downtime: %s (%s)", st, reason)
+	keep.delete(t)
+	waitNoLeftovers(t, e, keepInst)
+	waitNoLeftovers(t, e, lostInst)
 }

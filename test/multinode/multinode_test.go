@@ -254,6 +254,9 @@ func TestMultiNode(t *testing.T) {
 	dsn := pgtest.FreshDSN(t)
 	env, err := testenv.New("space-multinode")
 	if err != nil {
+		if env != nil {
+			env.Remove()
+		}
 		t.Fatal(err)
 	}
 	c := &cluster{t: t, dsn: dsn}
@@ -481,11 +484,11 @@ func TestMultiNode(t *testing.T) {
 			t.Fatalf("exec in %s after %s restarted: %q %d %v; log:\n%s", mm.id, n1.name, out, code, err, n1.tail())
 		}
 	}
+	afterRestart := c.list(c.servers[1])
 	for _, m := range made {
-		if sb := c.list(c.servers[1])[m.id]; sb["state"] != "running" {
+		if sb := afterRestart[m.id]; sb["state"] != "running" {
 			t.Fatalf("after %s restarted, %s is %v", n1.name, m.id, sb["state"])
 		}
-		break
 	}
 
 	// kill -9 one node: its sandboxes are lost within the timeout (plus a

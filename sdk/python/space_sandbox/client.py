@@ -3,6 +3,9 @@
 import base64
 import json
 import os
+import stat
+import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -131,6 +134,58 @@ class Client:
 
     def get_template(self, name):
         return Template(self._http.json("GET", f"/v1/templates/{name}"))
+
+    def build_template(self, name, buildfile, context_dir=None, *, wait=True, wait_timeout=3600.0,
+                       idempotency_key=None):
+        """Build a template from a build file (FROM/RUN/COPY/ENV/WORKDIR/USER/START/READY).
+
+        buildfile: the file's text (str or bytes). context_dir: the directory
+        COPY reads (sent as a tar: directories, regular files and symlinks
+        with their permission bits; other types skipped); None sends none.
+        name may carry a tag ("py:3.12"). The request body is spooled to a
+        temporary file, not held in memory. With wait (the default) return
+        the finished operation, whose result is {"template", "steps", "warm"}
+        (OperationFailed when a step or the pre-warm fails); else the
+        pending operation."""
+        if isinstance(buildfile, str):
+            buildfile = buildfile.encode()
+        boundary = "space-" + uuid.uuid4().hex
+        key = idempotency_key or "py-" + uuid.uuid4().hex
+        with tempfile.TemporaryFile() as body:
+            body.write((f"--{boundary}\r\nContent-Disposition: form-data; name=\"buildfile\"; "
+                        f"filename=\"Buildfile\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode())
+            body.write(buildfile)
+            if context_dir is not None:
+                body.write((f"\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"context\"; "
+                            f"filename=\"context.tar\"\r\nContent-Type: application/x-tar\r\n\r\n").encode())
+                _write_context_tar(context_dir, body)
+            body.write(f"\r\n--{boundary}--\r\n".encode())
+            body.seek(0)
+            ans = self._http.json("POST", "/v1/templates/build", query={"name": name}, body=body,
+                                  content_type=f"multipart/form-data; boundary={boundary}",
+                                  headers={"Idempotency-Key": key}, timeout=max(self.timeout, 600.0))
+        op = Operation(ans["operation"])
+        return self.wait_operation(op, timeout=wait_timeout) if wait else op
+
+    def template_build_log(self, op_id, step=None):
+        """A build's full step logs: with step, that step's output (bytes,
+        at most 4 MiB); without, the steps that have one ([{"step", "bytes"}])."""
+        if step is None:
+            return self._http.json("GET", f"/v1/templates/builds/{op_id}/logs").get("steps") or []
+        with self._http.request("GET", f"/v1/templates/builds/{op_id}/logs", query={"step": step}) as r:
+            return r.read()
+
+    def delete_template(self, name):
+        """Delete a template name (Conflict while a sandbox uses it)."""
+        self._http.request("DELETE", f"/v1/templates/{name}").close()
+
+    def alias_template(self, name, alias):
+        """Point alias (a name or name:tag) at the template name."""
+        return Template(self._http.json("POST", f"/v1/templates/{name}/alias", json_body={"alias": alias}))
+
+    def gc_templates(self):
+        """Remove template layers no name or live sandbox uses; return their digests."""
+        return self._http.json("POST", "/v1/templates/gc").get("removed") or []
 
     def list_snapshots(self, sandbox_id=None):
         q, out, token = {"sandbox_id": sandbox_id}, [], None
@@ -577,3 +632,37 @@ class Files:
             q["recursive"] = "true"
         self._sb._dp_request("DELETE", "/files", query=q).close()
 
+
+def _write_context_tar(context_dir, out):
+    """Write context_dir as a build-context tar to out: directories, regular
+    files and symlinks (not followed) with their permission bits, owned by
+    root; other file types are skipped."""
+    root = os.path.abspath(context_dir)
+    if not os.path.isdir(root):
+        raise ValueError(f"build context {context_dir!r} is not a directory")
+
+    def add(tw, path, arc):
+        st = os.lstat(path)
+        ti = tarfile.TarInfo(arc)
+        ti.mode, ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = stat.S_IMODE(st.st_mode), int(st.st_mtime), 0, 0, "", ""
+        if stat.S_ISDIR(st.st_mode):
+            ti.type = tarfile.DIRTYPE
+            tw.addfile(ti)
+        elif stat.S_ISLNK(st.st_mode):
+            ti.type, ti.linkname = tarfile.SYMTYPE, os.readlink(path)
+            tw.addfile(ti)
+        elif stat.S_ISREG(st.st_mode):
+            ti.size = st.st_size
+            with open(path, "rb") as f:
+                tw.addfile(ti, f)
+
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tw:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dirnames.sort()
+            rel = os.path.relpath(dirpath, root)
+            if rel != ".":
+                add(tw, dirpath, rel.replace(os.sep, "/"))
+            for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+                p = os.path.join(dirpath, n)
+                arc = n if rel == "." else rel.replace(os.sep, "/") + "/" + n
+                add(tw, p, arc)
