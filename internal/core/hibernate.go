@@ -43,6 +43,12 @@ type HibernateResult struct {
 // and then destroys its instance. The snapshot cannot be deleted while the
 // sandbox is hibernated.
 func (s *Service) Hibernate(ctx context.Context, projectID, id, idemKey string) (Operation, error) {
+	return s.hibernate(ctx, projectID, id, idemKey, false)
+}
+
+// hibernate is Hibernate; auto marks the snapshot as the server's own
+// (timeout hibernation), deleted with the sandbox.
+func (s *Service) hibernate(ctx context.Context, projectID, id, idemKey string, auto bool) (Operation, error) {
 	sr, err := s.snapshotRuntime()
 	if err != nil {
 		return Operation{}, err
@@ -68,7 +74,7 @@ func (s *Service) Hibernate(ctx context.Context, projectID, id, idemKey string) 
 		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
 	now := s.opts.Now().UTC()
-	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: id, Template: sb.Template, Auto: auto,
 		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: hibernateProcesses,
 		CreatedAt: now, UpdatedAt: now}
 	// The snapshot record and the operation are stored together: a crash
@@ -363,4 +369,24 @@ func (s *Service) AutoResume(ctx context.Context, projectID, id string) (bool, e
 		return false, fmt.Errorf("auto-resume of %s did not finish: %w", id, ErrConflict)
 	}
 	return true, nil
+}
+
+// dropAutoSnapshots deletes the snapshots the server took of a deleted
+// sandbox on its own (timeout hibernations). One that forks or other
+// snapshots build on is kept, as any snapshot would be.
+func (s *Service) dropAutoSnapshots(ctx context.Context, projectID, id string) {
+	snaps, err := s.store.ListSnapshots(ctx, SnapshotFilter{ProjectID: projectID, SandboxID: id})
+	if err != nil {
+		s.opts.Logf("sandbox %s: list its snapshots: %v", id, err)
+		return
+	}
+	// Newest first: a later automatic snapshot is the child of an earlier one.
+	for i := len(snaps) - 1; i >= 0; i-- {
+		if !snaps[i].Auto {
+			continue
+		}
+		if _, err := s.DeleteSnapshot(ctx, projectID, snaps[i].ID); err != nil && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
+			s.opts.Logf("sandbox %s: delete automatic snapshot %s: %v", id, snaps[i].ID, err)
+		}
+	}
 }

@@ -40,6 +40,10 @@ type NodeRecord struct {
 	Templates       []string  `json:"templates,omitempty"`
 	StartedAt       time.Time `json:"started_at"`
 	HeartbeatAt     time.Time `json:"heartbeat_at"`
+	// SnapshotStore names the snapshot store the node shares with others
+	// ("" = snapshots stay on the node): a snapshot captured on a node
+	// can be restored on any node naming the same store.
+	SnapshotStore string `json:"snapshot_store,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster

@@ -457,6 +457,10 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 			return nil, err
 		}
 		s.publishState(ctx, done)
+		if sb.OnTimeout == OnTimeoutHibernate {
+			progress(90, "deleting the snapshots its timeouts took")
+			s.dropAutoSnapshots(ctx, projectID, id)
+		}
 		return done, nil
 	})
 }
@@ -547,7 +551,7 @@ func (s *Service) ReapExpired(ctx context.Context) {
 			// The key makes the ticks that see the sandbox expired while its
 			// hibernation runs join that one operation.
 			key := fmt.Sprintf("timeout-hibernate-%s-%d", sb.ID, sb.ExpiresAt.UnixNano())
-			op, err := s.Hibernate(ctx, sb.ProjectID, sb.ID, key)
+			op, err := s.hibernate(ctx, sb.ProjectID, sb.ID, key, true)
 			switch {
 			case err == nil && op.State != OpFailed, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 				// Running, done, gone, or another replica's sandbox.

@@ -62,8 +62,11 @@ type Snapshot struct {
 	Processes   string         `json:"processes"` // what a restore does with processes
 	Manifest    string         `json:"manifest,omitempty"`
 	Stats       *SnapshotStats `json:"stats,omitempty"`
-	CreatedAt   time.Time      `json:"created_at"`
-	UpdatedAt   time.Time      `json:"updated_at"`
+	// Auto marks a snapshot the server took on its own (a timeout
+	// hibernation); it is deleted with its sandbox unless others need it.
+	Auto      bool      `json:"auto,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // SnapshotStats describe what a capture read and stored.

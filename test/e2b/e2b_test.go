@@ -242,7 +242,7 @@ func TestRESTAuthAndBadInput(t *testing.T) {
 		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "timeout": -1}, 400},
 		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "envVars": map[string]string{"A=B": "x"}}, 400},
 		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "metadata": map[string]string{"k": strings.Repeat("v", 600)}}, 400},
-		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "autoPause": true}, 400},
+		{"POST", "/v2/sandboxes", key, map[string]any{"templateID": e.template, "volumeMounts": []any{map[string]any{"name": "v", "path": "/data"}}}, 400},
 		{"POST", "/v2/sandboxes", key, bytes.Repeat([]byte(" "), 2<<20), 413},
 		{"GET", "/v2/sandboxes?limit=0", key, nil, 400},
 		{"GET", "/v2/sandboxes?limit=abc", key, nil, 400},

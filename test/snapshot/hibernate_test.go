@@ -195,7 +195,7 @@ func TestTimeoutHibernateAutoResume(t *testing.T) {
 		t.Fatalf("bad on_timeout accepted: %d %v", st, m)
 	}
 	sb := e.create(t, map[string]any{"timeout_seconds": 2, "on_timeout": "hibernate", "auto_resume": true})
-	defer sb.delete(t)
+	defer e.call("DELETE", "/v1/sandboxes/"+sb.ID, nil) // the test deletes it; this is for early failures
 	sb.ok(t, "echo kept > /root/mark")
 	var got map[string]any
 	deadline := time.Now().Add(20 * time.Second)
@@ -224,6 +224,22 @@ func TestTimeoutHibernateAutoResume(t *testing.T) {
 		t.Fatalf("woken without its timeout again: expires_at %v (%v)", got["expires_at"], err)
 	}
 	t.Logf("timeout hibernation, then auto-resume on the first command: %v", took.Round(time.Millisecond))
+	// The snapshot the timeout took is the server's own: deleting the
+	// sandbox deletes it.
+	list := e.must(t, 200, "GET", "/v1/snapshots?sandbox_id="+sb.ID, nil)
+	snaps, _ := list["snapshots"].([]any)
+	if len(snaps) != 1 || snaps[0].(map[string]any)["auto"] != true {
+		t.Fatalf("timeout snapshots of %s: %v", sb.ID, list)
+	}
+	snap := snaps[0].(map[string]any)["id"].(string)
+	e.op(t, "DELETE", "/v1/sandboxes/"+sb.ID, nil)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st, _, _ := e.call("GET", "/v1/snapshots/"+snap, nil); st == 404 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the timeout's snapshot %s outlived its sandbox: %d", snap, st)
+		}
+	}
 }
 
 // TestAutoResumePaused: an idle-paused sandbox with auto_resume continues
