@@ -313,14 +313,39 @@ func waitNoLeftovers(t *testing.T, e *env, inst string) {
 func gvisorForkBomb(t *testing.T, e *env) {
 	sb := e.create(t, map[string]any{"limits": map[string]any{"pids": 64, "memory_bytes": 256 << 20}})
 	inst := instanceOf(t, e, sb.ID)
+	pidsDir := filepath.Join("/sys/fs/cgroup/pids", e.CgroupBase()+"-gvisor", inst)
+	var memDir string
+	for _, pat := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory/*", "/sys/fs/cgroup/memory/*/*", "/sys/fs/cgroup/memory/*/*/*"} {
+		if m, _ := filepath.Glob(filepath.Join(pat, e.CgroupBase()+"-gvisor", inst)); len(m) > 0 {
+			memDir = m[0]
+			break
+		}
+	}
+	readPids := func() string {
+		cur, _ := os.ReadFile(filepath.Join(pidsDir, "pids.current"))
+		lim, _ := os.ReadFile(filepath.Join(pidsDir, "pids.max"))
+		ev, _ := os.ReadFile(filepath.Join(pidsDir, "pids.events"))
+		s := fmt.Sprintf("pids current %s max %s events %q", strings.TrimSpace(string(cur)), strings.TrimSpace(string(lim)), strings.TrimSpace(string(ev)))
+		if memDir != "" {
+			use, _ := os.ReadFile(filepath.Join(memDir, "memory.max_usage_in_bytes"))
+			oom, _ := os.ReadFile(filepath.Join(memDir, "memory.oom_control"))
+			s += fmt.Sprintf("; memory max usage %s, oom_control %q", strings.TrimSpace(string(use)), strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", " "))
+		}
+		return s
+	}
+	t.Logf("sandbox pids cgroup (runsc's host tasks) before the bomb: %s", readPids())
 	before := hostTasks()
 	cid := sb.start(t, map[string]any{"shell": "bomb() { bomb | bomb & }; bomb; sleep 3; exit 0"})
-	peak := before
+	peak, lastPids := before, ""
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
 		peak = max(peak, hostTasks())
+		if _, err := os.Stat(pidsDir); err == nil {
+			lastPids = readPids()
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	t.Logf("sandbox pids cgroup last seen during the bomb: %s", lastPids)
 	// The host can still start processes, and its task count stayed near
 	// where it was (the sandbox's tasks are not host tasks).
 	if out, err := exec.Command("/bin/true").CombinedOutput(); err != nil {
