@@ -95,15 +95,25 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 			return "", fmt.Errorf("project %s has %d live sandboxes, its quota: %w", sb.ProjectID, len(live), core.ErrExhausted)
 		}
 	}
-	pinned := ""
+	var pc placeConstraint
 	if sb.Snapshot != "" {
-		// A fork restores on the node that keeps its snapshot's data.
+		// A fork restores on the node that keeps its snapshot's data, or,
+		// where that node shares its snapshot store, on any node sharing
+		// it (preferring the one with the data on its disk).
 		n, err := r.snapshotNode(ctx, sb.Snapshot)
 		if err != nil {
 			return "", err
 		}
-		pinned = n
+		if pc, err = r.snapshotConstraint(ctx, n); err != nil {
+			return "", err
+		}
 	}
+	return r.place(ctx, sb, pc)
+}
+
+// place chooses a node for sb under pc and reserves its capacity there.
+func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
+	pinned := pc.pinned
 	nodes, err := r.ns.ListNodes(ctx)
 	if err != nil {
 		return "", err
@@ -114,7 +124,7 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 	best, bestScore, ready, withTemplate := "", -1.0, 0, 0
 	var ties []string
 	for _, n := range nodes {
-		if !r.fresh(n, now) || pinned != "" && n.Name != pinned {
+		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) {
 			continue
 		}
 		ready++
@@ -147,6 +157,9 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 			// CPU is overcommitted by design; it only breaks near-ties.
 			score += 0.1 * float64(n.CPUMillis-cpu) / float64(n.CPUMillis)
 		}
+		if pc.prefer != "" && n.Name == pc.prefer {
+			score += 2 // the data is on its disk: it wins whenever it has room
+		}
 		switch {
 		case score > bestScore+1e-9:
 			best, bestScore, ties = n.Name, score, []string{n.Name}
@@ -157,6 +170,8 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 	switch {
 	case ready == 0 && pinned != "":
 		return "", fmt.Errorf("snapshot %s is kept on node %s, which is not ready: %w", sb.Snapshot, pinned, core.ErrUnavailable)
+	case ready == 0 && pc.store != "":
+		return "", fmt.Errorf("no ready node shares snapshot store %s: %w", pc.store, core.ErrUnavailable)
 	case ready == 0:
 		return "", fmt.Errorf("no ready node (none has sent a heartbeat in the last %v): %w", r.o.Timeout, core.ErrUnavailable)
 	case withTemplate == 0:

@@ -118,11 +118,20 @@ func (r *Remote) CaptureSnapshot(ctx context.Context, id string, chain []string)
 }
 
 // StartSandboxFromSnapshot implements core.SnapshotRuntime on the node the
-// record names (Place pinned a fork there; a hibernated sandbox keeps its
-// node). Like StartSandbox, a failed call is followed by a stop.
+// record names (Place chose it for a fork; a hibernated sandbox keeps its
+// node, unless that node is gone and shares its snapshot store: then the
+// sandbox moves to another node sharing it, see moveHibernated). Like
+// StartSandbox, a failed call is followed by a stop.
 func (r *Remote) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
 	if sb.Node == "" {
 		return core.Placement{}, fmt.Errorf("sandbox %s was not placed on a node: %w", sb.ID, core.ErrUnavailable)
+	}
+	if sb.State == core.SandboxHibernated {
+		moved, err := r.moveHibernated(ctx, sb, progress)
+		if err != nil {
+			return core.Placement{}, err
+		}
+		sb = moved
 	}
 	c, err := r.client(ctx, sb.Node)
 	if errors.Is(err, errNodeLost) {

@@ -59,6 +59,9 @@ type Options struct {
 	// SnapshotDir holds the snapshot store (chunks and manifests); default
 	// <parent of LogDir>/snapshots.
 	SnapshotDir string
+	// SnapshotShared, if set, is the snapshot store shared with other
+	// nodes (SnapshotDir is then this node's cache of it).
+	SnapshotShared snapshot.Backend
 }
 
 // Node runs sandboxes on this host.
@@ -97,11 +100,17 @@ func New(o Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.SnapshotShared != nil {
+		snaps.SetShared(o.SnapshotShared)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{o: o, sandboxes: map[string]*Sandbox{}, pool: map[string][]driver.Instance{},
 		poolWant: make(chan struct{}, 1), snaps: snaps, ctx: ctx, cancel: cancel}
 	return n, nil
 }
+
+// Snapshots returns the node's snapshot store.
+func (n *Node) Snapshots() *snapshot.Store { return n.snaps }
 
 // DriverName names the isolation back end.
 func (n *Node) DriverName() string { return n.o.Driver.Name() }

@@ -67,6 +67,8 @@ type NodeProcess struct {
 	rpcURL     string
 	dataURL    string
 	driverName string
+	// snapStore names the shared snapshot store ("" = none).
+	snapStore string
 }
 
 // trackedRuntime is the node's runtime with the capacity it has committed
@@ -232,9 +234,11 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		}
 	}()
 	var err error
-	if p.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
-		return nil, err
+	st, err := OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf)
+	if err != nil {
+		return nil, err // (not into p.store: a typed nil would be closed)
 	}
+	p.store = st
 	var isNS bool
 	if p.ns, isNS = p.store.(core.NodeStore); !isNS {
 		return nil, fmt.Errorf("space node: the store keeps no node registry: %w", core.ErrInvalid)
@@ -251,9 +255,16 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		return nil, err
 	}
 	p.templates = &Templates{m: p.tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: p.store}
+	sharedSnaps, err := openSnapshotStore(ctx, cfg.SnapshotStore, cfg.Logf)
+	if err != nil {
+		return nil, err
+	}
+	if sharedSnaps != nil {
+		p.snapStore = sharedSnaps.String()
+	}
 	p.node, err = node.New(node.Options{
 		Driver: drv, Templates: p.tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
-		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
+		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates, SnapshotShared: sharedSnaps,
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		// The service is made below; sandboxes only die after StartNode returns.
@@ -291,6 +302,15 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		return nil, fmt.Errorf("snapshot gc: %w", err)
 	} else {
 		cfg.Logf("snapshot gc at start: %+v", res)
+	}
+	if sharedSnaps != nil {
+		// The shared store: what no ready snapshot of the cluster names,
+		// and is old enough not to be a capture in flight elsewhere.
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			collectSharedSnapshots(runCtx, p.store, p.node.Snapshots().GCShared, cfg.Logf)
+		}()
 	}
 	sessions, err := auth.NewSessions(ctx, p.store, time.Now)
 	if err != nil {
@@ -364,7 +384,7 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
 		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Templates: names,
-		StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
+		SnapshotStore: p.snapStore, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err
 	}

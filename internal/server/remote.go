@@ -32,6 +32,9 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Egress != nil {
 		return nil, fmt.Errorf("--remote-nodes: egress is configured on the nodes, not the server: %w", core.ErrInvalid)
 	}
+	if cfg.SnapshotStore != "" {
+		return nil, fmt.Errorf("--remote-nodes: the shared snapshot store is configured on the nodes (space node --snapshot-store), not the server: %w", core.ErrInvalid)
+	}
 	if cfg.NodeTimeout <= 0 {
 		cfg.NodeTimeout = 15 * time.Second
 	}

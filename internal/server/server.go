@@ -67,6 +67,12 @@ type Config struct {
 	Egress *EgressConfig
 	Logf   func(string, ...any)
 
+	// SnapshotStore, if set, is a snapshot store shared between nodes
+	// ("dir:/path" or "s3://bucket/prefix?endpoint=host:port"): snapshots
+	// are written there too, so another node can restore them; the data
+	// dir keeps a cache. "" keeps snapshots in the data dir only.
+	SnapshotStore string
+
 	// RemoteNodes: run no in-process node and no data plane; place
 	// sandboxes on registered `space node` processes (see remote.go).
 	RemoteNodes   bool
@@ -451,9 +457,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		started: map[string]string{}, logDir: filepath.Join(cfg.DataDir, "template-builds"), readyTimeout: cfg.TemplateReadyTimeout,
 		runner: &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids}}}
+	sharedSnaps, err := openSnapshotStore(ctx, cfg.SnapshotStore, cfg.Logf)
+	if err != nil {
+		return nil, err
+	}
 	s.node, err = node.New(node.Options{
 		Driver: drv, Templates: tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
-		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates,
+		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates, SnapshotShared: sharedSnaps,
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		Network: s.net,

@@ -116,7 +116,7 @@ func (s *Store) capture(ctx context.Context, layer driver.Layer, parent State, i
 	if err := m.validate(); err != nil {
 		return c.res, fmt.Errorf("snapshot: layer not recordable: %w", err)
 	}
-	d, size, err := s.putManifest(m)
+	d, size, err := s.putManifest(ctx, m)
 	if err != nil {
 		return c.res, err
 	}
@@ -280,7 +280,7 @@ func (c *capturer) file(dirfd int, name string, e *Entry, st *unix.Stat_t) error
 		}
 		n, err := io.ReadFull(f, c.buf)
 		if n > 0 {
-			d, isNew, perr := c.s.putChunk(c.buf[:n])
+			d, isNew, perr := c.s.putChunk(c.ctx, c.buf[:n])
 			if perr != nil {
 				return perr
 			}

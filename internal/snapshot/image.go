@@ -112,7 +112,7 @@ func (c *capturer) imageFile(dirfd int, name, p string) (ImageFile, error) {
 			if f.Size += int64(n); f.Size > MaxImageBytes {
 				return f, fmt.Errorf("snapshot: process image: %.100q larger than %d bytes", p, int64(MaxImageBytes))
 			}
-			d, isNew, perr := c.s.putChunk(c.buf[:n])
+			d, isNew, perr := c.s.putChunk(c.ctx, c.buf[:n])
 			if perr != nil {
 				return f, perr
 			}

@@ -55,6 +55,10 @@ func ValidDigest(d string) bool { return digestRE.MatchString(d) }
 type Store struct {
 	dir  string
 	logf func(string, ...any)
+	// shared, if set, is the store that nodes share (SetShared): every
+	// object written here is also put there (chunks before the manifest
+	// that names them), and what is missing here is fetched from it.
+	shared *sharedStore
 }
 
 // Open opens (creating if needed) a store at dir.
@@ -112,17 +116,17 @@ func (s *Store) writeAtomic(path string, data []byte) error {
 }
 
 // putChunk stores data under its digest; isNew is false when it was there.
-func (s *Store) putChunk(data []byte) (digest string, isNew bool, err error) {
+func (s *Store) putChunk(ctx context.Context, data []byte) (digest string, isNew bool, err error) {
 	sum := sha256.Sum256(data)
 	digest = hex.EncodeToString(sum[:])
 	p := s.chunkPath(digest)
 	if _, err := os.Lstat(p); err == nil {
-		return digest, false, nil
+		return digest, false, s.publish(ctx, chunkKey(digest), data)
 	}
 	if err := s.writeAtomic(p, data); err != nil {
 		return "", false, err
 	}
-	return digest, true, nil
+	return digest, true, s.publish(ctx, chunkKey(digest), data)
 }
 
 // readChunk returns a chunk after checking it against its digest.
@@ -147,7 +151,7 @@ func (s *Store) readChunk(digest string, buf []byte) ([]byte, error) {
 }
 
 // putManifest stores m and returns its digest and stored size.
-func (s *Store) putManifest(m *Manifest) (string, int64, error) {
+func (s *Store) putManifest(ctx context.Context, m *Manifest) (string, int64, error) {
 	var buf bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
 	if err := json.NewEncoder(zw).Encode(m); err != nil {
@@ -159,20 +163,30 @@ func (s *Store) putManifest(m *Manifest) (string, int64, error) {
 	sum := sha256.Sum256(buf.Bytes())
 	d := hex.EncodeToString(sum[:])
 	if _, err := os.Lstat(s.manifestPath(d)); err == nil {
-		return d, int64(buf.Len()), nil
+		return d, int64(buf.Len()), s.publish(ctx, manifestKey(d), buf.Bytes())
 	}
 	if err := s.writeAtomic(s.manifestPath(d), buf.Bytes()); err != nil {
 		return "", 0, err
 	}
-	return d, int64(buf.Len()), nil
+	// Last: the chunks it names are in the shared store already.
+	return d, int64(buf.Len()), s.publish(ctx, manifestKey(d), buf.Bytes())
 }
 
-// LoadManifest reads and validates a manifest.
+// LoadManifest reads and validates a manifest of the local directory.
 func (s *Store) LoadManifest(digest string) (*Manifest, error) {
+	return s.loadManifest(context.Background(), digest, false)
+}
+
+// loadManifest is LoadManifest that, with fetch and a shared store, gets
+// a manifest missing here from the shared store (and keeps it here).
+func (s *Store) loadManifest(ctx context.Context, digest string, fetch bool) (*Manifest, error) {
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("%w: bad manifest digest %.80q", ErrCorrupt, digest)
 	}
 	raw, err := os.ReadFile(s.manifestPath(digest))
+	if err != nil && fetch && s.shared != nil && errors.Is(err, fs.ErrNotExist) {
+		raw, err = s.fetch(ctx, manifestKey(digest), digest, s.manifestPath(digest), maxManifestBytes)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: manifest %s: %w", digest, err)
 	}
@@ -198,20 +212,34 @@ func (s *Store) LoadManifest(digest string) (*Manifest, error) {
 // LoadState merges a chain of manifests (oldest first) into the state of
 // the writable layer at the last one.
 func (s *Store) LoadState(ctx context.Context, chain []string) (State, error) {
-	st, _, err := s.LoadChain(ctx, chain)
+	st, _, err := s.loadChain(ctx, chain)
 	return st, err
 }
 
 // LoadChain is LoadState plus the last manifest's process image (nil when
-// it has none: a process image is never inherited from a parent).
+// it has none: a process image is never inherited from a parent). With a
+// shared store, every chunk the state and image need is made local first
+// (fetched and checked against its digest), for Materialize and
+// MaterializeImage.
 func (s *Store) LoadChain(ctx context.Context, chain []string) (State, *ProcessImage, error) {
+	st, img, err := s.loadChain(ctx, chain)
+	if err == nil && s.shared != nil {
+		err = s.prefetch(ctx, st, img)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, img, nil
+}
+
+func (s *Store) loadChain(ctx context.Context, chain []string) (State, *ProcessImage, error) {
 	st := State{}
 	var img *ProcessImage
 	for _, d := range chain {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
-		m, err := s.LoadManifest(d)
+		m, err := s.loadManifest(ctx, d, true)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -256,6 +284,9 @@ func (s *Store) GC(ctx context.Context, keep []string) (GCResult, error) {
 	refs := map[string]bool{}
 	for _, d := range keep {
 		m, err := s.LoadManifest(d)
+		if err != nil && s.shared != nil && errors.Is(err, fs.ErrNotExist) {
+			continue // kept in the shared store; nothing of it is cached here
+		}
 		if err != nil {
 			return res, fmt.Errorf("snapshot: gc: kept %w", err)
 		}

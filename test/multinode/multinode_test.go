@@ -5,7 +5,9 @@
 // serves every sandbox, that a node killed with SIGKILL has its sandboxes
 // reported lost within the heartbeat timeout while the others keep
 // working, and that a replica killed with SIGKILL leaves no operation
-// running forever.
+// running forever. The nodes share a snapshot store (S3, served in the
+// test by gofakes3 on loopback): a hibernated sandbox of the killed node
+// resumes on another node, and a snapshot taken there forks elsewhere.
 package multinode
 
 import (
@@ -260,6 +262,7 @@ func TestMultiNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &cluster{t: t, dsn: dsn}
+	snapStore := sharedSnapshotStore(t)
 	secret := filepath.Join(env.Work, "cluster-secret")
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
@@ -304,7 +307,7 @@ func TestMultiNode(t *testing.T) {
 			// --uid-base, and a template dir maps each name to one tree.
 			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
 			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret,
-			"--heartbeat", "500ms"}
+			"--heartbeat", "500ms", "--snapshot-store", snapStore}
 		c.nodes = append(c.nodes, p)
 	}
 	for _, name := range []string{"srv-a", "srv-b"} {
@@ -491,9 +494,34 @@ func TestMultiNode(t *testing.T) {
 		}
 	}
 
-	// kill -9 one node: its sandboxes are lost within the timeout (plus a
-	// check interval), the others keep working.
+	// Before the kill: a sandbox of the victim node gets a file, a
+	// snapshot (through A) and is hibernated (through B).
 	victim := c.nodes[2]
+	var hib created
+	for _, mm := range made[6:] {
+		if mm.node == victim.name {
+			hib = mm
+			break
+		}
+	}
+	if hib.id == "" {
+		t.Fatalf("no sandbox on %s to hibernate: %v", victim.name, perNode)
+	}
+	if out, code, err := exec1(hib.dataURL, hib.token, hib.id, "sh", "-c", "mkdir -p /tmp && echo travels > /tmp/h"); err != nil || code != 0 {
+		t.Fatalf("write before hibernate: %q %d %v", out, code, err)
+	}
+	m = c.mustCall(c.servers[0], "POST", "/v1/sandboxes/"+hib.id+"/snapshots", nil)
+	victimSnap := m["snapshot"].(map[string]any)["id"].(string)
+	if done := c.waitOp(c.servers[0], opID(m), 30*time.Second); done["state"] != "succeeded" {
+		t.Fatalf("snapshot on %s: %v", victim.name, done)
+	}
+	if done := c.waitOp(c.servers[1], opID(c.mustCall(c.servers[1], "POST", "/v1/sandboxes/"+hib.id+"/hibernate", nil)), 30*time.Second); done["state"] != "succeeded" {
+		t.Fatalf("hibernate on %s: %v", victim.name, done)
+	}
+
+	// kill -9 one node: its sandboxes are lost within the timeout (plus a
+	// check interval), its hibernated one stays hibernated, the others
+	// keep working.
 	killedAt := time.Now()
 	victim.signal(syscall.SIGKILL)
 	for {
@@ -501,6 +529,12 @@ func TestMultiNode(t *testing.T) {
 		lost, other := 0, 0
 		for _, m := range made {
 			sb := all[m.id]
+			if m.id == hib.id {
+				if sb["state"] != "hibernated" {
+					t.Fatalf("hibernated sandbox %s of the killed node is %v", m.id, sb["state"])
+				}
+				continue
+			}
 			if m.node == victim.name {
 				if sb["state"] == "lost" {
 					lost++
@@ -512,9 +546,9 @@ func TestMultiNode(t *testing.T) {
 				other++
 			}
 		}
-		if lost == perNode[victim.name] {
-			if other != sandboxes-lost {
-				t.Fatalf("after %s was lost, %d of %d other sandboxes run", victim.name, other, sandboxes-lost)
+		if lost == perNode[victim.name]-1 {
+			if other != sandboxes-perNode[victim.name] {
+				t.Fatalf("after %s was lost, %d of %d other sandboxes run", victim.name, other, sandboxes-perNode[victim.name])
 			}
 			t.Logf("node %s killed: its %d sandboxes lost after %v", victim.name, lost, time.Since(killedAt).Round(time.Millisecond))
 			break
@@ -532,6 +566,43 @@ func TestMultiNode(t *testing.T) {
 			t.Errorf("exec in %s on %s after %s died: %q %d %v", made[i].id, made[i].node, victim.name, out, code, err)
 		}
 	})
+	// The hibernated sandbox resumes (through A) on another node, from the
+	// shared snapshot store, with its files; the snapshot taken on the
+	// killed node forks (through B) on another node too.
+	t0 = time.Now()
+	if done := c.waitOp(c.servers[0], opID(c.mustCall(c.servers[0], "POST", "/v1/sandboxes/"+hib.id+"/resume", nil)), 30*time.Second); done["state"] != "succeeded" {
+		t.Fatalf("resume of %s after its node died: %v", hib.id, done)
+	}
+	woken := c.mustCall(c.servers[1], "GET", "/v1/sandboxes/"+hib.id, nil)
+	if woken["state"] != "running" || woken["node"] == victim.name || woken["node"] == "" {
+		t.Fatalf("after the resume %s is %v on %v", hib.id, woken["state"], woken["node"])
+	}
+	url, tok = c.session(c.servers[1], hib.id)
+	if url != nodeData[woken["node"].(string)] {
+		t.Fatalf("session of the moved sandbox names %s, its node %v serves %s", url, woken["node"], nodeData[woken["node"].(string)])
+	}
+	if out, code, err := exec1(url, tok, hib.id, "cat", "/tmp/h"); err != nil || code != 0 || out != "travels\n" {
+		t.Fatalf("exec in %s after it moved to %v: %q %d %v", hib.id, woken["node"], out, code, err)
+	}
+	t.Logf("hibernated sandbox of killed %s resumed on %v in %v", victim.name, woken["node"], time.Since(t0).Round(time.Millisecond))
+	m = c.mustCall(c.servers[1], "POST", "/v1/snapshots/"+victimSnap+"/fork", map[string]any{"limits": map[string]any{"memory_bytes": 32 << 20}})
+	for _, x := range m["sandboxes"].([]any) {
+		f := x.(map[string]any)
+		fsb, sess := f["sandbox"].(map[string]any), f["session"].(map[string]any)
+		if fsb["node"] == victim.name {
+			t.Fatalf("fork placed on lost node %s", victim.name)
+		}
+		if done := c.waitOp(c.servers[1], opID(f), 30*time.Second); done["state"] != "succeeded" {
+			t.Fatalf("fork of a snapshot of killed %s: %v", victim.name, done)
+		}
+		if out, code, err := exec1(sess["data_url"].(string), sess["token"].(string), fsb["id"].(string), "cat", "/tmp/h"); err != nil || code != 0 || out != "travels\n" {
+			t.Fatalf("exec in fork on %v: %q %d %v", fsb["node"], out, code, err)
+		}
+		if done := c.waitOp(c.servers[0], opID(c.mustCall(c.servers[0], "DELETE", "/v1/sandboxes/"+fsb["id"].(string), nil)), 30*time.Second); done["state"] != "succeeded" {
+			t.Fatalf("delete fork: %v", done)
+		}
+	}
+
 	// New sandboxes avoid the lost node.
 	m = c.mustCall(c.servers[0], "POST", "/v1/sandboxes", map[string]any{"template": "minimal", "limits": map[string]any{"memory_bytes": 32 << 20}})
 	if n := m["sandbox"].(map[string]any)["node"]; n == victim.name {

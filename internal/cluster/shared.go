@@ -1,0 +1,87 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/space-sandbox/space/internal/core"
+)
+
+// placeConstraint narrows where Place may put a sandbox restored from a
+// snapshot.
+type placeConstraint struct {
+	pinned  string // only this node (its snapshots stay on it)
+	store   string // only nodes sharing this snapshot store
+	prefer  string // among those, this one when it has room (data on its disk)
+	exclude string // never this node
+}
+
+func (pc placeConstraint) allows(n core.NodeRecord) bool {
+	if pc.store != "" && n.SnapshotStore != pc.store {
+		return false
+	}
+	return pc.exclude == "" || n.Name != pc.exclude
+}
+
+// snapshotConstraint says where data captured on node may be restored:
+// anywhere sharing its snapshot store, else on node itself.
+func (r *Remote) snapshotConstraint(ctx context.Context, node string) (placeConstraint, error) {
+	rec, ok, err := r.nodeRecord(ctx, node)
+	if err != nil {
+		return placeConstraint{}, err
+	}
+	if ok && rec.SnapshotStore != "" {
+		return placeConstraint{store: rec.SnapshotStore, prefer: node}, nil
+	}
+	return placeConstraint{pinned: node}, nil
+}
+
+func (r *Remote) nodeRecord(ctx context.Context, name string) (core.NodeRecord, bool, error) {
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return core.NodeRecord{}, false, err
+	}
+	for _, n := range nodes {
+		if n.Name == name && n.Kind == core.NodeKindNode {
+			return n, true, nil
+		}
+	}
+	return core.NodeRecord{}, false, nil
+}
+
+// moveHibernated returns the hibernated sandbox sb to wake, on its own
+// node when that node is ready, else (its node lost or silent, and sharing
+// its snapshot store) moved to another ready node sharing that store: the
+// record names the new node before anything starts there, changed only if
+// it still names the old one (of two replicas waking it at once, one
+// moves it and the other fails with a conflict). A node without a shared
+// store keeps its hibernated sandboxes until it is back.
+func (r *Remote) moveHibernated(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Sandbox, error) {
+	rec, ok, err := r.nodeRecord(ctx, sb.Node)
+	if err != nil {
+		return sb, err
+	}
+	if !ok || rec.SnapshotStore == "" || r.fresh(rec, r.o.Now()) {
+		return sb, nil
+	}
+	from := sb.Node
+	to, err := r.place(ctx, sb, placeConstraint{store: rec.SnapshotStore, exclude: from})
+	if err != nil {
+		return sb, fmt.Errorf("node %s of hibernated sandbox %s is not ready (%s), and no other node can take it: %w",
+			from, sb.ID, rec.State, err)
+	}
+	moved, err := r.o.Store.UpdateSandbox(ctx, sb.ID, func(cur *core.Sandbox) error {
+		if cur.State != core.SandboxHibernated || cur.Node != from {
+			return fmt.Errorf("sandbox %s became %s on node %s while waking: %w", sb.ID, cur.State, cur.Node, core.ErrConflict)
+		}
+		cur.Node = to
+		return nil
+	})
+	if err != nil {
+		r.unreserve(to, sb.ID)
+		return sb, err
+	}
+	r.o.Logf("sandbox %s: node %s is %s; waking it on node %s from the shared snapshot store %s", sb.ID, from, rec.State, to, rec.SnapshotStore)
+	progress(15, fmt.Sprintf("node %s is %s: restoring on node %s from the shared snapshot store", from, rec.State, to))
+	return moved, nil
+}
