@@ -28,9 +28,29 @@ import (
 const (
 	namespace  = "space"
 	serverName = "space-server"
-	// nodeLabel is the label of hosts that run a space server.
+	nodeName   = "space-node"
+	// nodeLabel is the label of hosts that run sandboxes (space node, or
+	// the single-process space server).
 	nodeLabel = "space-sandbox.dev/node"
+	// clusterSecret is the Secret holding the cluster secret (key secret).
+	clusterSecret = "space-cluster"
 )
+
+// variants are the kustomizations a user applies, with the Secrets each
+// leaves to the user and the workloads that must be privileged.
+var variants = []struct {
+	Dir        string
+	External   []string
+	Privileged []string
+}{
+	{"base", []string{"space-db", clusterSecret, "space-snapshots"}, []string{nodeName}},
+	{"single", []string{"space-db"}, []string{serverName}},
+	{"kind", nil, []string{nodeName}},
+	{"kind-single", nil, []string{serverName}},
+}
+
+// dirs are every kustomization, common included.
+var dirs = []string{"common", "base", "single", "kind", "kind-single"}
 
 // workload is a DaemonSet, StatefulSet or Deployment.
 type workload struct {
@@ -39,6 +59,7 @@ type workload struct {
 	Template    corev1.PodTemplateSpec
 	Claims      []string // volumeClaimTemplates
 	ServiceName string   // StatefulSet: its governing Service
+	Replicas    *int32   // Deployment, StatefulSet
 }
 
 // cluster is a rendered kustomization, decoded into API types.
@@ -46,6 +67,7 @@ type cluster struct {
 	Namespaces []corev1.Namespace
 	Accounts   map[string]corev1.ServiceAccount
 	Secrets    map[string]corev1.Secret
+	ConfigMaps map[string]corev1.ConfigMap
 	Services   []corev1.Service
 	Workloads  []workload
 	Policies   []networkingv1.NetworkPolicy
@@ -68,7 +90,7 @@ func load(t *testing.T, dir string) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{Accounts: map[string]corev1.ServiceAccount{}, Secrets: map[string]corev1.Secret{}, Used: r.Used}
+	c := &cluster{Accounts: map[string]corev1.ServiceAccount{}, Secrets: map[string]corev1.Secret{}, ConfigMaps: map[string]corev1.ConfigMap{}, Used: r.Used}
 	seen := map[string]bool{}
 	for _, o := range r.Objects {
 		if seen[o.id()] {
@@ -93,6 +115,11 @@ func load(t *testing.T, dir string) *cluster {
 			err = decodeStrict(o, &x)
 			meta = x.ObjectMeta
 			c.Secrets[x.Name] = x
+		case "v1 ConfigMap":
+			var x corev1.ConfigMap
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.ConfigMaps[x.Name] = x
 		case "v1 Service":
 			var x corev1.Service
 			err = decodeStrict(o, &x)
@@ -107,7 +134,7 @@ func load(t *testing.T, dir string) *cluster {
 			var x appsv1.StatefulSet
 			err = decodeStrict(o, &x)
 			meta = x.ObjectMeta
-			w := workload{Kind: "StatefulSet", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template, ServiceName: x.Spec.ServiceName}
+			w := workload{Kind: "StatefulSet", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template, ServiceName: x.Spec.ServiceName, Replicas: x.Spec.Replicas}
 			for _, vc := range x.Spec.VolumeClaimTemplates {
 				w.Claims = append(w.Claims, vc.Name)
 			}
@@ -116,7 +143,7 @@ func load(t *testing.T, dir string) *cluster {
 			var x appsv1.Deployment
 			err = decodeStrict(o, &x)
 			meta = x.ObjectMeta
-			c.Workloads = append(c.Workloads, workload{Kind: "Deployment", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template})
+			c.Workloads = append(c.Workloads, workload{Kind: "Deployment", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template, Replicas: x.Spec.Replicas})
 		case "networking.k8s.io/v1 NetworkPolicy":
 			var x networkingv1.NetworkPolicy
 			err = decodeStrict(o, &x)
@@ -142,9 +169,10 @@ func load(t *testing.T, dir string) *cluster {
 	return c
 }
 
-// checkCommon asserts what must hold for every rendering. external names the
+// checkCommon asserts what must hold for every rendering. privileged names
+// the workloads that may (and must) be privileged; external names the
 // Secrets the user creates outside the kustomization.
-func checkCommon(t *testing.T, c *cluster, external ...string) {
+func checkCommon(t *testing.T, c *cluster, privileged []string, external ...string) {
 	t.Helper()
 	if len(c.Namespaces) != 1 || c.Namespaces[0].Name != namespace {
 		t.Fatalf("want exactly the Namespace %q, have %v", namespace, c.Namespaces)
@@ -156,13 +184,25 @@ func checkCommon(t *testing.T, c *cluster, external ...string) {
 		t.Fatal("no workloads")
 	}
 	for _, w := range c.Workloads {
-		checkWorkload(t, c, w, external)
+		checkWorkload(t, c, w, slices.Contains(privileged, w.Name), external)
+	}
+	for _, name := range privileged {
+		w, ok := c.workload(name)
+		if !ok {
+			t.Errorf("no workload %s", name)
+			continue
+		}
+		for _, ct := range w.Template.Spec.Containers {
+			if sc := ct.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+				t.Errorf("%s container %s: must be privileged (namespaces, cgroups, overlay mounts per sandbox)", name, ct.Name)
+			}
+		}
 	}
 	checkServices(t, c)
 	checkPolicies(t, c)
 }
 
-func checkWorkload(t *testing.T, c *cluster, w workload, external []string) {
+func checkWorkload(t *testing.T, c *cluster, w workload, privileged bool, external []string) {
 	t.Helper()
 	id := w.Kind + "/" + w.Name
 	sel, err := metav1.LabelSelectorAsSelector(w.Selector)
@@ -187,6 +227,7 @@ func checkWorkload(t *testing.T, c *cluster, w workload, external []string) {
 	volumes := map[string]corev1.Volume{}
 	for _, v := range ps.Volumes {
 		volumes[v.Name] = v
+		checkVolumeRefs(t, c, id+" volume "+v.Name, v, external)
 		if v.HostPath != nil && strings.HasPrefix(v.HostPath.Path, "/dev/") &&
 			(v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathCharDev) {
 			t.Errorf("%s: host device %s must be a hostPath of type CharDevice", id, v.HostPath.Path)
@@ -234,17 +275,20 @@ func checkWorkload(t *testing.T, c *cluster, w workload, external []string) {
 				}
 			}
 			defined[e.Name] = true
-			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-				ref := e.ValueFrom.SecretKeyRef
-				if s, ok := c.Secrets[ref.Name]; ok {
-					if _, ok := s.StringData[ref.Key]; !ok {
-						if _, ok := s.Data[ref.Key]; !ok {
-							t.Errorf("%s: Secret %s has no key %q", cid, ref.Name, ref.Key)
-						}
-					}
-				} else if !slices.Contains(external, ref.Name) {
-					t.Errorf("%s: Secret %q is neither rendered nor documented as created by the user", cid, ref.Name)
-				}
+			if vf := e.ValueFrom; vf != nil && vf.SecretKeyRef != nil {
+				ref := vf.SecretKeyRef
+				checkRef(t, c, cid+" env "+e.Name, "Secret", ref.Name, []string{ref.Key}, ref.Optional, external)
+			} else if vf != nil && vf.ConfigMapKeyRef != nil {
+				ref := vf.ConfigMapKeyRef
+				checkRef(t, c, cid+" env "+e.Name, "ConfigMap", ref.Name, []string{ref.Key}, ref.Optional, external)
+			}
+		}
+		for _, ef := range ct.EnvFrom {
+			if ef.SecretRef != nil {
+				checkRef(t, c, cid+" envFrom", "Secret", ef.SecretRef.Name, nil, ef.SecretRef.Optional, external)
+			}
+			if ef.ConfigMapRef != nil {
+				checkRef(t, c, cid+" envFrom", "ConfigMap", ef.ConfigMapRef.Name, nil, ef.ConfigMapRef.Optional, external)
 			}
 		}
 		for _, a := range append(slices.Clone(ct.Command), ct.Args...) {
@@ -255,17 +299,89 @@ func checkWorkload(t *testing.T, c *cluster, w workload, external []string) {
 			}
 		}
 		sc := ct.SecurityContext
-		if w.Name != serverName {
-			// Only the server (the node of its host) is privileged.
+		if !privileged {
+			// Only what runs sandboxes is privileged.
 			if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
 				sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
 				t.Errorf("%s: must be unprivileged: no escalation, all capabilities dropped", cid)
+			}
+			if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("%s: an unprivileged container must have a read-only root filesystem", cid)
 			}
 			if ps.SecurityContext == nil || ps.SecurityContext.RunAsNonRoot == nil || !*ps.SecurityContext.RunAsNonRoot {
 				t.Errorf("%s: must run as non-root", id)
 			}
 			if ps.HostPID || ps.HostNetwork || ps.HostIPC || len(hostPaths(ps)) > 0 {
 				t.Errorf("%s: must not use the host's namespaces or paths", id)
+			}
+		}
+	}
+}
+
+// checkRef asserts that a Secret or ConfigMap a workload names is rendered
+// (with the keys it needs, unless optional) or documented as the user's.
+func checkRef(t *testing.T, c *cluster, where, kind, name string, keys []string, optional *bool, external []string) {
+	t.Helper()
+	opt := optional != nil && *optional
+	var have map[string]bool
+	switch kind {
+	case "Secret":
+		if s, ok := c.Secrets[name]; ok {
+			have = map[string]bool{}
+			for k := range s.StringData {
+				have[k] = true
+			}
+			for k := range s.Data {
+				have[k] = true
+			}
+		}
+	case "ConfigMap":
+		if m, ok := c.ConfigMaps[name]; ok {
+			have = map[string]bool{}
+			for k := range m.Data {
+				have[k] = true
+			}
+			for k := range m.BinaryData {
+				have[k] = true
+			}
+		}
+	}
+	if have == nil {
+		if !opt && !slices.Contains(external, name) {
+			t.Errorf("%s: %s %q is neither rendered nor documented as created by the user", where, kind, name)
+		}
+		return
+	}
+	for _, k := range keys {
+		if !have[k] && !opt {
+			t.Errorf("%s: %s %s has no key %q", where, kind, name, k)
+		}
+	}
+}
+
+// checkVolumeRefs checks the Secrets and ConfigMaps a volume names.
+func checkVolumeRefs(t *testing.T, c *cluster, where string, v corev1.Volume, external []string) {
+	t.Helper()
+	keys := func(items []corev1.KeyToPath) []string {
+		var out []string
+		for _, it := range items {
+			out = append(out, it.Key)
+		}
+		return out
+	}
+	if s := v.Secret; s != nil {
+		checkRef(t, c, where, "Secret", s.SecretName, keys(s.Items), s.Optional, external)
+	}
+	if m := v.ConfigMap; m != nil {
+		checkRef(t, c, where, "ConfigMap", m.Name, keys(m.Items), m.Optional, external)
+	}
+	if p := v.Projected; p != nil {
+		for _, src := range p.Sources {
+			if s := src.Secret; s != nil {
+				checkRef(t, c, where, "Secret", s.Name, keys(s.Items), s.Optional, external)
+			}
+			if m := src.ConfigMap; m != nil {
+				checkRef(t, c, where, "ConfigMap", m.Name, keys(m.Items), m.Optional, external)
 			}
 		}
 	}
@@ -460,14 +576,20 @@ func checkPeers(t *testing.T, c *cluster, policy string, peers []networkingv1.Ne
 	}
 }
 
+// named returns a workload and its one container.
+func named(t *testing.T, c *cluster, name string) (workload, corev1.Container) {
+	t.Helper()
+	w, ok := c.workload(name)
+	if !ok || len(w.Template.Spec.Containers) != 1 {
+		t.Fatalf("no %s workload with one container", name)
+	}
+	return w, w.Template.Spec.Containers[0]
+}
+
 // server returns the server workload and its container.
 func server(t *testing.T, c *cluster) (workload, corev1.Container) {
 	t.Helper()
-	w, ok := c.workload(serverName)
-	if !ok || len(w.Template.Spec.Containers) != 1 {
-		t.Fatalf("no %s workload with one container", serverName)
-	}
-	return w, w.Template.Spec.Containers[0]
+	return named(t, c, serverName)
 }
 
 // argFlags maps each --name=value argument (after the subcommand) to its
@@ -497,78 +619,148 @@ func envValue(ct corev1.Container, name string) (string, bool) {
 	return "", false
 }
 
-// checkServer asserts what the server (today also its host's node) needs.
-func checkServer(t *testing.T, c *cluster) {
+// envVar returns ct's env entry name.
+func envVar(ct corev1.Container, name string) (corev1.EnvVar, bool) {
+	for _, e := range ct.Env {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return corev1.EnvVar{}, false
+}
+
+// checkFieldEnv asserts that env name comes from the pod field path.
+func checkFieldEnv(t *testing.T, id string, ct corev1.Container, name, path string) {
 	t.Helper()
-	w, ct := server(t, c)
+	e, ok := envVar(ct, name)
+	if !ok || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != path {
+		t.Errorf("%s: env %s must come from the field %s", id, name, path)
+	}
+}
+
+// checkSecretEnv asserts that env name comes from key of Secret secret.
+func checkSecretEnv(t *testing.T, id string, ct corev1.Container, name, secret, key string) {
+	t.Helper()
+	e, ok := envVar(ct, name)
+	if !ok || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != secret || e.ValueFrom.SecretKeyRef.Key != key {
+		t.Errorf("%s: env %s must come from the Secret %s, key %s", id, name, secret, key)
+	}
+}
+
+// commandLine asserts that ct runs the image's entrypoint with args
+// SUB --flag... and returns the flags.
+func commandLine(t *testing.T, id string, ct corev1.Container, sub string) map[string]string {
+	t.Helper()
+	if len(ct.Args) == 0 || ct.Args[0] != sub || len(ct.Command) != 0 {
+		t.Fatalf("%s: the container must run the image's entrypoint with args %s ...; have command %v args %v", id, sub, ct.Command, ct.Args)
+	}
+	return argFlags(t, ct.Args)
+}
+
+// mountOf returns the mount and volume at path in ct.
+func mountOf(w workload, ct corev1.Container, path string) (corev1.VolumeMount, corev1.Volume, bool) {
+	for _, m := range ct.VolumeMounts {
+		if filepath.Clean(m.MountPath) == filepath.Clean(path) {
+			for _, v := range w.Template.Spec.Volumes {
+				if v.Name == m.Name {
+					return m, v, true
+				}
+			}
+			return m, corev1.Volume{}, true
+		}
+	}
+	return corev1.VolumeMount{}, corev1.Volume{}, false
+}
+
+// checkListen asserts that --flag listens on the container port named port.
+func checkListen(t *testing.T, id string, w workload, flags map[string]string, flag, port string) int32 {
+	t.Helper()
+	_, p, err := splitHostPort(flags[flag])
+	cp, ok := containerPort(w, intstr.FromString(port))
+	if err != nil || !ok || p != int(cp.ContainerPort) {
+		t.Errorf("%s: --%s=%q does not listen on the container port %q", id, flag, flags[flag], port)
+	}
+	return cp.ContainerPort
+}
+
+// checkClusterSecret asserts that --cluster-secret-file names the key
+// secret of the Secret space-cluster, mounted read-only.
+func checkClusterSecret(t *testing.T, id string, w workload, ct corev1.Container, flags map[string]string) {
+	t.Helper()
+	file := flags["cluster-secret-file"]
+	m, v, ok := mountOf(w, ct, filepath.Dir(file))
+	if !ok || v.Secret == nil || v.Secret.SecretName != clusterSecret || !m.ReadOnly {
+		t.Errorf("%s: --cluster-secret-file=%q is not in a read-only mount of the Secret %s", id, file, clusterSecret)
+		return
+	}
+	found := false
+	for _, it := range v.Secret.Items {
+		found = found || (it.Key == "secret" && it.Path == filepath.Base(file))
+	}
+	if !found {
+		t.Errorf("%s: --cluster-secret-file=%q is not the Secret %s's key secret", id, file, clusterSecret)
+	}
+	if _, ok := envVar(ct, "SPACE_CLUSTER_SECRET"); ok {
+		t.Errorf("%s: the cluster secret belongs in a file, not in the environment", id)
+	}
+}
+
+// checkSandboxHost asserts what a privileged workload that runs sandboxes
+// (the node, or the single-process server) needs from its host.
+func checkSandboxHost(t *testing.T, w workload, ct corev1.Container, flags map[string]string, nameFlag string) {
+	t.Helper()
+	id := w.Kind + "/" + w.Name
 	ps := w.Template.Spec
 	if w.Kind != "DaemonSet" {
-		t.Errorf("%s is a %s: while each server is its host's node it must be a DaemonSet", w.Name, w.Kind)
-	}
-	if ct.SecurityContext == nil || ct.SecurityContext.Privileged == nil || !*ct.SecurityContext.Privileged {
-		t.Error("the server must be privileged (namespaces, cgroups, nftables per sandbox)")
+		t.Errorf("%s: what runs a host's sandboxes must be a DaemonSet, one per host", id)
 	}
 	if ps.HostPID || ps.HostNetwork || ps.HostIPC {
-		t.Error("the server must not share the host's PID, network or IPC namespace: sandboxes end with the container anyway")
+		t.Errorf("%s: must not share the host's PID, network or IPC namespace: sandboxes end with the container anyway", id)
 	}
 	if ps.NodeSelector[nodeLabel] != "true" {
-		t.Errorf("the server must run only on hosts labelled %s=true", nodeLabel)
-	}
-	if len(ct.Args) == 0 || ct.Args[0] != "server" || len(ct.Command) != 0 {
-		t.Fatalf("the container must run the image's entrypoint with args server ...; have command %v args %v", ct.Command, ct.Args)
-	}
-	flags := argFlags(t, ct.Args)
-	vols := map[string]corev1.Volume{}
-	for _, v := range ps.Volumes {
-		vols[v.Name] = v
-	}
-	mounted := func(path string) (corev1.VolumeMount, corev1.Volume, bool) {
-		for _, m := range ct.VolumeMounts {
-			if filepath.Clean(m.MountPath) == filepath.Clean(path) {
-				return m, vols[m.Name], true
-			}
-		}
-		return corev1.VolumeMount{}, corev1.Volume{}, false
+		t.Errorf("%s: must run only on hosts labelled %s=true", id, nodeLabel)
 	}
 	for _, m := range ct.VolumeMounts {
 		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
-			t.Errorf("mount %s: Bidirectional propagation would leave the server's mounts on the host", m.MountPath)
+			t.Errorf("%s: mount %s: Bidirectional propagation would leave its mounts on the host", id, m.MountPath)
 		}
 		if strings.HasPrefix(filepath.Clean(m.MountPath), "/sys/fs/cgroup") {
-			// The runtime's own cgroup mount matches the server's cgroup
+			// The runtime's own cgroup mount matches the container's cgroup
 			// namespace; the host's would not, where the pod has its own.
-			t.Errorf("mount %s: the server must use the runtime's cgroup mount", m.MountPath)
+			t.Errorf("%s: mount %s: must use the runtime's cgroup mount", id, m.MountPath)
 		}
 	}
 	// Templates, layers, logs and snapshots outlive the pod, on the host.
-	if _, v, ok := mounted(flags["data-dir"]); !ok || v.HostPath == nil || v.HostPath.Path != flags["data-dir"] {
-		t.Errorf("--data-dir=%q is not the host's directory of that name", flags["data-dir"])
+	if _, v, ok := mountOf(w, ct, flags["data-dir"]); !ok || v.HostPath == nil || v.HostPath.Path != flags["data-dir"] {
+		t.Errorf("%s: --data-dir=%q is not the host's directory of that name", id, flags["data-dir"])
 	}
-	if m, _, ok := mounted(flags["run-dir"]); !ok || m.ReadOnly {
-		t.Errorf("--run-dir=%q is not a writable volume", flags["run-dir"])
+	if m, _, ok := mountOf(w, ct, flags["run-dir"]); !ok || m.ReadOnly {
+		t.Errorf("%s: --run-dir=%q is not a writable volume", id, flags["run-dir"])
 	}
-	if flags["node-name"] != "$(NODE_NAME)" {
-		t.Errorf("--node-name=%q: want the Kubernetes node name, stable across pod restarts", flags["node-name"])
+	if flags[nameFlag] != "$(NODE_NAME)" {
+		t.Errorf("%s: --%s=%q: want the Kubernetes node name, stable across pod restarts", id, nameFlag, flags[nameFlag])
 	}
-	for _, e := range ct.Env {
-		if e.Name == "NODE_NAME" && (e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName") {
-			t.Error("NODE_NAME must come from spec.nodeName")
-		}
-		if e.Name == "SPACE_STORE" && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
-			t.Error("SPACE_STORE (the DSN, with a password) must come from a Secret")
-		}
-	}
+	checkFieldEnv(t, id, ct, "NODE_NAME", "spec.nodeName")
+	checkSecretEnv(t, id, ct, "SPACE_STORE", "space-db", "dsn")
 	if _, ok := flags["store"]; ok {
-		t.Error("--store on the command line shows the DSN's password in ps; use SPACE_STORE from the Secret")
+		t.Errorf("%s: --store on the command line shows the DSN's password in ps; use SPACE_STORE from the Secret", id)
+	}
+}
+
+// checkServer asserts what the single-process server (its host's node)
+// needs.
+func checkServer(t *testing.T, c *cluster) {
+	t.Helper()
+	w, ct := server(t, c)
+	id := w.Kind + "/" + w.Name
+	flags := commandLine(t, id, ct, "server")
+	checkSandboxHost(t, w, ct, flags, "node-name")
+	if _, ok := flags["remote-nodes"]; ok {
+		t.Errorf("%s: the single-process server runs its own node, not --remote-nodes", id)
 	}
 	// Each listener is where the Service and probes expect it.
-	for flag, port := range map[string]string{"listen": "control", "data-listen": "data"} {
-		_, p, err := splitHostPort(flags[flag])
-		cp, ok := containerPort(w, intstr.FromString(port))
-		if err != nil || !ok || p != int(cp.ContainerPort) {
-			t.Errorf("--%s=%q does not listen on the container port %q", flag, flags[flag], port)
-		}
-	}
+	checkListen(t, id, w, flags, "listen", "control")
+	checkListen(t, id, w, flags, "data-listen", "data")
 	// Prometheus scrapes what the egress gateway serves.
 	an := w.Template.Annotations
 	if an["prometheus.io/scrape"] == "true" {
@@ -584,6 +776,167 @@ func checkServer(t *testing.T, c *cluster) {
 	}
 }
 
+// checkSplit asserts what the servers-and-nodes layout needs: an
+// unprivileged server Deployment with --remote-nodes, a privileged node
+// DaemonSet, one cluster secret, and the paths between them open.
+func checkSplit(t *testing.T, c *cluster) (dataURL string) {
+	t.Helper()
+	sw, sct := server(t, c)
+	sid := sw.Kind + "/" + sw.Name
+	sflags := commandLine(t, sid, sct, "server")
+	if sw.Kind != "Deployment" || sw.Replicas == nil || *sw.Replicas < 2 {
+		t.Errorf("%s: the servers must be a Deployment of at least 2 replicas", sid)
+	}
+	if _, ok := sflags["remote-nodes"]; !ok {
+		t.Errorf("%s: the server must run with --remote-nodes", sid)
+	}
+	for _, f := range []string{"egress", "egress-metrics", "snapshot-store", "data-listen", "store"} {
+		if _, ok := sflags[f]; ok {
+			t.Errorf("%s: --%s does not belong on a --remote-nodes server", sid, f)
+		}
+	}
+	if len(hostPaths(sw.Template.Spec)) > 0 || sw.Template.Spec.HostNetwork {
+		t.Errorf("%s: the server needs nothing of its host", sid)
+	}
+	checkClusterSecret(t, sid, sw, sct, sflags)
+	checkSecretEnv(t, sid, sct, "SPACE_STORE", "space-db", "dsn")
+	// Replica names are unique per pod.
+	if sflags["node-name"] != "$(POD_NAME)" {
+		t.Errorf("%s: --node-name=%q: want the pod's name, unique per replica", sid, sflags["node-name"])
+	}
+	checkFieldEnv(t, sid, sct, "POD_NAME", "metadata.name")
+	if m, _, ok := mountOf(sw, sct, sflags["data-dir"]); !ok || m.ReadOnly {
+		t.Errorf("%s: --data-dir=%q is not a writable volume (the root filesystem is read-only)", sid, sflags["data-dir"])
+	}
+	checkListen(t, sid, sw, sflags, "listen", "control")
+	// A --remote-nodes server serves no metrics (no egress gateway).
+	if an := sw.Template.Annotations; an["prometheus.io/scrape"] != "" {
+		t.Errorf("%s: scrape annotations %v, but a --remote-nodes server serves no metrics", sid, an)
+	}
+
+	nw, nct := named(t, c, nodeName)
+	nid := nw.Kind + "/" + nw.Name
+	nflags := commandLine(t, nid, nct, "node")
+	checkSandboxHost(t, nw, nct, nflags, "name")
+	checkClusterSecret(t, nid, nw, nct, nflags)
+	if _, ok := nflags["egress"]; ok {
+		t.Errorf("%s: remote nodes run no egress", nid)
+	}
+	if an := nw.Template.Annotations; an["prometheus.io/scrape"] != "" {
+		t.Errorf("%s: scrape annotations %v, but a node serves no metrics", nid, an)
+	}
+	// The RPC: the servers are told the pod's address and the RPC port.
+	rpc := checkListen(t, nid, nw, nflags, "listen", "rpc")
+	if want := fmt.Sprintf("http://$(POD_IP):%d", rpc); nflags["rpc-url"] != want {
+		t.Errorf("%s: --rpc-url=%q, want %q (the default, http://<listen>, is no address)", nid, nflags["rpc-url"], want)
+	}
+	checkFieldEnv(t, nid, nct, "POD_IP", "status.podIP")
+	// The data plane: a hostPort on every host, named by the data URL.
+	data := checkListen(t, nid, nw, nflags, "data-listen", "data")
+	dp, _ := containerPort(nw, intstr.FromString("data"))
+	if dp.HostPort != data {
+		t.Errorf("%s: the data port needs hostPort %d: clients reach each node at its host", nid, data)
+	}
+	if nflags["data-url"] != "$(SPACE_DATA_URL)" {
+		t.Errorf("%s: --data-url=%q, want $(SPACE_DATA_URL)", nid, nflags["data-url"])
+	}
+	dataURL, _ = envValue(nct, "SPACE_DATA_URL")
+	// The shared snapshot store and its credentials, from a Secret.
+	if nflags["snapshot-store"] != "$(SPACE_SNAPSHOT_STORE)" {
+		t.Errorf("%s: --snapshot-store=%q, want $(SPACE_SNAPSHOT_STORE)", nid, nflags["snapshot-store"])
+	}
+	checkSecretEnv(t, nid, nct, "SPACE_SNAPSHOT_STORE", "space-snapshots", "store")
+	checkSecretEnv(t, nid, nct, "AWS_ACCESS_KEY_ID", "space-snapshots", "access-key-id")
+	checkSecretEnv(t, nid, nct, "AWS_SECRET_ACCESS_KEY", "space-snapshots", "secret-access-key")
+
+	// The paths between them.
+	db, _ := c.workload("space-postgres")
+	for _, w := range []workload{sw, nw} {
+		if !c.allowsEgress(w, db, 5432) || !c.allowsIngressFrom(db, w, 5432) {
+			t.Errorf("the NetworkPolicies do not let %s reach the database", w.Name)
+		}
+	}
+	if !c.allowsEgress(sw, nw, rpc) || !c.allowsIngressFrom(nw, sw, rpc) {
+		t.Error("the NetworkPolicies do not let the servers reach the node RPC")
+	}
+	if c.openIngress(nw, rpc) {
+		t.Error("the node RPC is open to every client: only the servers may reach it")
+	}
+	if !c.openIngress(nw, data) {
+		t.Error("clients cannot reach the nodes' data plane")
+	}
+	cp, _ := containerPort(sw, intstr.FromString("control"))
+	if !c.openIngress(sw, cp.ContainerPort) {
+		t.Error("clients cannot reach the control API")
+	}
+	// Clients reach the servers through a Service; no Service for the
+	// RPC: the servers use the address each node registers.
+	for _, s := range c.Services {
+		sel := labels.SelectorFromSet(s.Spec.Selector)
+		if sel.Matches(labels.Set(nw.Template.Labels)) {
+			t.Errorf("Service %s selects the nodes: each session names its node's data URL", s.Name)
+		}
+	}
+	return dataURL
+}
+
+// openIngress reports whether some policy lets anyone reach w on port.
+func (c *cluster) openIngress(w workload, port int32) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(w.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Ingress {
+			if len(r.From) > 0 {
+				continue
+			}
+			if len(r.Ports) == 0 {
+				return true
+			}
+			for _, rp := range r.Ports {
+				if rp.Port == nil || (rp.Port.Type == intstr.Int && rp.Port.IntVal == port) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// allowsIngressFrom reports whether some policy selecting to's pods lets
+// from's pods in on port.
+func (c *cluster) allowsIngressFrom(to, from workload, port int32) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(to.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Ingress {
+			portOK := len(r.Ports) == 0
+			for _, rp := range r.Ports {
+				portOK = portOK || rp.Port == nil || (rp.Port.Type == intstr.Int && rp.Port.IntVal == port)
+			}
+			if !portOK {
+				continue
+			}
+			if len(r.From) == 0 {
+				return true
+			}
+			for _, peer := range r.From {
+				if peer.PodSelector == nil || peer.NamespaceSelector != nil {
+					continue
+				}
+				ps, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+				if err == nil && ps.Matches(labels.Set(from.Template.Labels)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 func splitHostPort(s string) (string, int, error) {
 	i := strings.LastIndex(s, ":")
 	if i < 0 {
@@ -593,11 +946,49 @@ func splitHostPort(s string) (string, int, error) {
 	return s[:i], p, err
 }
 
+func privilegedOf(dir string) ([]string, []string) {
+	for _, v := range variants {
+		if v.Dir == dir {
+			return v.Privileged, v.External
+		}
+	}
+	panic("unknown variant " + dir)
+}
+
+func loadVariant(t *testing.T, dir string) *cluster {
+	t.Helper()
+	c := load(t, dir)
+	priv, ext := privilegedOf(dir)
+	checkCommon(t, c, priv, ext...)
+	return c
+}
+
+// TestBase: the base is the servers-and-nodes layout.
 func TestBase(t *testing.T) {
-	c := load(t, "base")
-	// The base leaves the database Secret to the user (docs/install-kind.md).
-	checkCommon(t, c, "space-db")
+	c := loadVariant(t, "base")
+	dataURL := checkSplit(t, c)
+	for _, name := range []string{serverName, nodeName} {
+		if _, ct := named(t, c, name); ct.Image != "space:0.1.0" {
+			t.Errorf("%s image %q, want space:0.1.0", name, ct.Image)
+		}
+	}
+	if dataURL != "http://$(HOST_IP):7071" {
+		t.Errorf("SPACE_DATA_URL %q: each session must name its node's host and the data hostPort", dataURL)
+	}
+	_, nct := named(t, c, nodeName)
+	checkFieldEnv(t, "the node", nct, "HOST_IP", "status.hostIP")
+	if len(c.Secrets) != 0 {
+		t.Error("the base must not ship a Secret (no default password or cluster secret)")
+	}
+}
+
+// TestSingle: the single-process layout, today's server DaemonSet.
+func TestSingle(t *testing.T) {
+	c := loadVariant(t, "single")
 	checkServer(t, c)
+	if _, ok := c.workload(nodeName); ok {
+		t.Error("the single-process layout runs no space node")
+	}
 	_, ct := server(t, c)
 	if ct.Image != "space:0.1.0" {
 		t.Errorf("server image %q, want space:0.1.0", ct.Image)
@@ -605,23 +996,20 @@ func TestBase(t *testing.T) {
 	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://$(POD_IP):7071" {
 		t.Errorf("SPACE_DATA_URL %q: each session must name its own pod's data plane", v)
 	}
+	// Sandbox networking works only here: the docs send users of --egress
+	// to this layout.
+	if _, ok := argFlags(t, ct.Args)["egress"]; !ok {
+		t.Error("the single-process layout is the one with --egress")
+	}
 	if len(c.Secrets) != 0 {
-		t.Error("the base must not ship a Secret (no default password)")
+		t.Error("the single-process layout must not ship a Secret (no default password)")
 	}
 }
 
-func TestKind(t *testing.T) {
-	c := load(t, "kind")
-	checkCommon(t, c)
-	checkServer(t, c)
-	_, ct := server(t, c)
-	if ct.Image != "space:dev" {
-		t.Errorf("server image %q, want space:dev (what docs/install-kind.md builds and loads)", ct.Image)
-	}
-	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://127.0.0.1:7071" {
-		t.Errorf("SPACE_DATA_URL %q: through port-forward the data plane is 127.0.0.1:7071", v)
-	}
-	// The DSN names the database the StatefulSet creates.
+// checkKindDB asserts that the kind overlay's DSN names the database the
+// StatefulSet creates, and that what runs `from` may reach it.
+func checkKindDB(t *testing.T, c *cluster, from ...string) {
+	t.Helper()
 	db, ok := c.workload("space-postgres")
 	if !ok {
 		t.Fatal("no space-postgres")
@@ -648,35 +1036,85 @@ func TestKind(t *testing.T) {
 		!labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(db.Template.Labels)) {
 		t.Errorf("dsn host %s:%s is not the database's Service", u.Hostname(), u.Port())
 	}
-	srv, _ := c.workload(serverName)
-	if !c.allowsEgress(srv, db, 5432) {
-		t.Error("the NetworkPolicies do not let the server reach the database")
+	for _, name := range from {
+		w, _ := c.workload(name)
+		if !c.allowsEgress(w, db, 5432) || !c.allowsIngressFrom(db, w, 5432) {
+			t.Errorf("the NetworkPolicies do not let %s reach the database", name)
+		}
 	}
-	// The cluster config labels a node for the DaemonSet.
+}
+
+// checkKindCluster: the cluster config labels a node for the DaemonSet.
+func checkKindCluster(t *testing.T) {
+	t.Helper()
 	raw, err := os.ReadFile("kind/cluster.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
+	type kindNode struct {
+		Role   string            `json:"role"`
+		Labels map[string]string `json:"labels"`
+	}
 	var kc struct {
-		Kind       string `json:"kind"`
-		APIVersion string `json:"apiVersion"`
-		Name       string `json:"name"`
-		Nodes      []struct {
-			Role   string            `json:"role"`
-			Labels map[string]string `json:"labels"`
-		} `json:"nodes"`
+		Kind       string     `json:"kind"`
+		APIVersion string     `json:"apiVersion"`
+		Name       string     `json:"name"`
+		Nodes      []kindNode `json:"nodes"`
 	}
 	if err := yaml.UnmarshalStrict(raw, &kc); err != nil {
 		t.Fatalf("kind/cluster.yaml: %v", err)
 	}
 	if kc.Kind != "Cluster" || kc.APIVersion != "kind.x-k8s.io/v1alpha4" ||
-		!slices.ContainsFunc(kc.Nodes, func(n struct {
-			Role   string            `json:"role"`
-			Labels map[string]string `json:"labels"`
-		}) bool {
-			return n.Labels[nodeLabel] == "true"
-		}) {
+		!slices.ContainsFunc(kc.Nodes, func(n kindNode) bool { return n.Labels[nodeLabel] == "true" }) {
 		t.Errorf("kind/cluster.yaml: want a kind Cluster with a node labelled %s=true", nodeLabel)
+	}
+}
+
+// TestKind: the base layout on kind.
+func TestKind(t *testing.T) {
+	c := loadVariant(t, "kind")
+	dataURL := checkSplit(t, c)
+	for _, name := range []string{serverName, nodeName} {
+		if _, ct := named(t, c, name); ct.Image != "space:dev" {
+			t.Errorf("%s image %q, want space:dev (what docs/install-kind.md builds and loads)", name, ct.Image)
+		}
+	}
+	if dataURL != "http://127.0.0.1:7071" {
+		t.Errorf("SPACE_DATA_URL %q: through port-forward the data plane is 127.0.0.1:7071", dataURL)
+	}
+	checkKindDB(t, c, serverName, nodeName)
+	checkKindCluster(t)
+	if s := c.Secrets[clusterSecret].StringData["secret"]; len(strings.TrimSpace(s)) < 32 {
+		t.Errorf("Secret %s: the cluster secret needs at least 32 bytes, has %d", clusterSecret, len(s))
+	}
+	// A dir: snapshot store must be on a volume of the node (kind has one
+	// host, so a directory on it is shared by all its nodes).
+	store := c.Secrets["space-snapshots"].StringData["store"]
+	nw, nct := named(t, c, nodeName)
+	if p, ok := strings.CutPrefix(store, "dir:"); !ok {
+		t.Errorf("kind's snapshot store %q: want dir:/path (no S3 in kind)", store)
+	} else if dd := argFlags(t, nct.Args)["data-dir"]; !strings.HasPrefix(p, dd+"/") || strings.HasPrefix(p, dd+"/snapshots") {
+		t.Errorf("kind's snapshot store %q: want a directory of its own under the node's --data-dir %s (on the host)", store, dd)
+	} else if _, _, ok := mountOf(nw, nct, dd); !ok {
+		t.Errorf("kind's snapshot store %q is on no volume", store)
+	}
+}
+
+// TestKindSingle: the single-process layout on kind.
+func TestKindSingle(t *testing.T) {
+	c := loadVariant(t, "kind-single")
+	checkServer(t, c)
+	_, ct := server(t, c)
+	if ct.Image != "space:dev" {
+		t.Errorf("server image %q, want space:dev (what docs/install-kind.md builds and loads)", ct.Image)
+	}
+	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://127.0.0.1:7071" {
+		t.Errorf("SPACE_DATA_URL %q: through port-forward the data plane is 127.0.0.1:7071", v)
+	}
+	checkKindDB(t, c, serverName)
+	// Both kind overlays ship the same database Secret.
+	if k := load(t, "kind"); !reflect.DeepEqual(k.Secrets["space-db"], c.Secrets["space-db"]) {
+		t.Error("kind and kind-single ship different space-db Secrets")
 	}
 }
 
@@ -684,7 +1122,7 @@ func TestKind(t *testing.T) {
 // would silently not be applied.
 func TestEveryFileIsUsed(t *testing.T) {
 	notResources := map[string]string{"kind/cluster.yaml": "kind's cluster config (kind create cluster --config)"}
-	for _, dir := range []string{"base", "kind"} {
+	for _, dir := range dirs {
 		r, err := render(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -700,6 +1138,16 @@ func TestEveryFileIsUsed(t *testing.T) {
 			if !r.Used[f] {
 				t.Errorf("%s is not listed in %s/kustomization.yaml", f, dir)
 			}
+		}
+	}
+	// Every kustomization is in dirs (and so rendered and checked here).
+	ents, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if _, err := os.Stat(filepath.Join(e.Name(), "kustomization.yaml")); err == nil && !slices.Contains(dirs, e.Name()) {
+			t.Errorf("%s/kustomization.yaml is not tested: add it to dirs (and variants)", e.Name())
 		}
 	}
 }
@@ -792,9 +1240,9 @@ func execStarts(text string) [][]string {
 }
 
 // TestFlagsAreReal runs the real binary: every flag the Kubernetes
-// manifests, the systemd unit and docs/install-systemd.md give
-// `space server` must be one it accepts, bool flags bare and the others
-// with a value.
+// manifests give `space server` and `space node`, and the systemd unit and
+// docs/install-systemd.md give `space server`, must be one it accepts,
+// bool flags bare and the others with a value.
 func TestFlagsAreReal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the space binary")
@@ -807,23 +1255,55 @@ func TestFlagsAreReal(t *testing.T) {
 		}
 	}
 	t.Run("kubernetes", func(t *testing.T) {
-		for _, dir := range []string{"base", "kind"} {
-			_, ct := server(t, load(t, dir))
-			for name, val := range argFlags(t, ct.Args) {
-				b, ok := isBool[name]
-				switch {
-				case !ok:
-					t.Errorf("%s: `space server` has no flag --%s", dir, name)
-				case b && val != "" && val != "true" && val != "false":
-					t.Errorf("%s: --%s is a bool flag, given %q", dir, name, val)
-				case !b && val == "":
-					t.Errorf("%s: --%s needs a value (--%s=VALUE)", dir, name, name)
+		nodeBool, nodeHelp := flagsOf(t, bin, "node")
+		for _, want := range []string{"name", "listen", "rpc-url", "data-listen", "data-url", "cluster-secret-file", "snapshot-store"} {
+			if _, ok := nodeBool[want]; !ok {
+				t.Fatalf("`space node -h` lists no -%s:\n%s", want, nodeHelp)
+			}
+		}
+		subs := map[string]map[string]bool{"server": isBool, "node": nodeBool}
+		seen := map[string]bool{}
+		for _, v := range variants {
+			c := load(t, v.Dir)
+			for _, w := range c.Workloads {
+				for _, ct := range w.Template.Spec.Containers {
+					if !strings.HasPrefix(ct.Image, "space:") {
+						continue
+					}
+					where := v.Dir + " " + w.Name
+					if len(ct.Args) == 0 || subs[ct.Args[0]] == nil {
+						t.Errorf("%s: args %v: want server or node first", where, ct.Args)
+						continue
+					}
+					seen[ct.Args[0]] = true
+					flags := subs[ct.Args[0]]
+					for name, val := range argFlags(t, ct.Args) {
+						b, ok := flags[name]
+						switch {
+						case !ok:
+							t.Errorf("%s: `space %s` has no flag --%s", where, ct.Args[0], name)
+						case b && val != "" && val != "true" && val != "false":
+							t.Errorf("%s: --%s is a bool flag, given %q", where, name, val)
+						case !b && val == "":
+							t.Errorf("%s: --%s needs a value (--%s=VALUE)", where, name, name)
+						}
+					}
 				}
 			}
 		}
-		// The Secret's DSN reaches the server as $SPACE_STORE.
+		if !seen["server"] || !seen["node"] {
+			t.Errorf("the manifests run %v; want both space server and space node", seen)
+		}
+		// The Secret's DSN reaches the server and node as $SPACE_STORE, the
+		// S3 credentials the node as $AWS_ACCESS_KEY_ID and
+		// $AWS_SECRET_ACCESS_KEY.
 		if !strings.Contains(help, "$SPACE_STORE") {
 			t.Error("`space server -h` no longer says it reads $SPACE_STORE")
+		}
+		for _, want := range []string{"$SPACE_STORE", "$AWS_ACCESS_KEY_ID", "$AWS_SECRET_ACCESS_KEY", "$SPACE_CLUSTER_SECRET"} {
+			if !strings.Contains(nodeHelp, want) {
+				t.Errorf("`space node -h` no longer mentions %s", want)
+			}
 		}
 	})
 	t.Run("systemd", func(t *testing.T) {
@@ -919,20 +1399,33 @@ func TestProbesUseRealRoutes(t *testing.T) {
 		}
 		paths[port] = doc.Paths
 	}
-	_, ct := server(t, load(t, "base"))
-	n := 0
-	for _, p := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil {
-			continue
+	// The node RPC serves only signed requests: no probe may use it.
+	for _, v := range variants {
+		c := load(t, v.Dir)
+		for _, name := range []string{serverName, nodeName} {
+			w, ok := c.workload(name)
+			if !ok {
+				continue
+			}
+			n := 0
+			for _, ct := range w.Template.Spec.Containers {
+				for _, p := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
+					if p == nil || p.HTTPGet == nil {
+						continue
+					}
+					n++
+					port := p.HTTPGet.Port.String()
+					if paths[port] == nil {
+						t.Errorf("%s %s: probe on port %s: want the control or data port", v.Dir, name, port)
+					} else if _, ok := paths[port][p.HTTPGet.Path]["get"]; !ok {
+						t.Errorf("%s %s: probe GET %s on port %s: no such route", v.Dir, name, p.HTTPGet.Path, port)
+					}
+				}
+			}
+			if n == 0 {
+				t.Errorf("%s %s has no HTTP probes", v.Dir, name)
+			}
 		}
-		n++
-		port := p.HTTPGet.Port.String()
-		if _, ok := paths[port][p.HTTPGet.Path]["get"]; !ok {
-			t.Errorf("probe GET %s on port %s: no such route", p.HTTPGet.Path, port)
-		}
-	}
-	if n == 0 {
-		t.Error("the server has no HTTP probes")
 	}
 }
 
@@ -991,7 +1484,7 @@ func TestRendererMatchesKustomize(t *testing.T) {
 	if err != nil {
 		t.Skip("kubectl not on PATH")
 	}
-	for _, dir := range []string{"base", "kind"} {
+	for _, dir := range dirs {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		out, err := exec.CommandContext(ctx, kubectl, "kustomize", dir).Output()
 		cancel()
@@ -1089,16 +1582,20 @@ func TestDocumentedOverlay(t *testing.T) {
 			t.Errorf("the documented overlay keeps %s", gone)
 		}
 	}
-	ds, ok := ids["DaemonSet/"+serverName]
-	if !ok {
-		t.Fatal("the documented overlay lost the server")
+	for _, id := range []string{"Deployment/" + serverName, "DaemonSet/" + nodeName} {
+		w, ok := ids[id]
+		if !ok {
+			t.Fatalf("the documented overlay lost %s", id)
+		}
+		cs := lookup(w, "spec", "template", "spec", "containers").([]any)
+		if img := lookup(cs[0], "image"); img != "registry.example.com/space:0.1.0" {
+			t.Errorf("%s: image %v", id, img)
+		}
 	}
-	cs := lookup(ds, "spec", "template", "spec", "containers").([]any)
-	if img := lookup(cs[0], "image"); img != "registry.example.com/space:0.1.0" {
-		t.Errorf("image %v", img)
-	}
-	egress, _ := lookup(ids["NetworkPolicy/space-server"], "spec", "egress").([]any)
-	if !strings.Contains(fmt.Sprint(egress), "10.0.0.2/32") {
-		t.Error("the documented overlay does not let the servers reach the external database")
+	for _, name := range []string{serverName, nodeName} {
+		egress, _ := lookup(ids["NetworkPolicy/"+name], "spec", "egress").([]any)
+		if !strings.Contains(fmt.Sprint(egress), "10.0.0.2/32") {
+			t.Errorf("the documented overlay does not let %s reach the external database", name)
+		}
 	}
 }
