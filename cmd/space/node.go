@@ -53,8 +53,15 @@ func runNode(args []string) error {
 	fs.Int64Var(&nc.MemoryBytes, "memory-bytes", 0, "memory offered to the scheduler (default: the host's MemTotal)")
 	fs.IntVar(&nc.MaxSandboxes, "max-sandboxes", 0, "most sandboxes this node runs at once (0 = no bound)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "snapshot store shared with the other nodes: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); default: snapshots stay in <data-dir>/snapshots")
+	eg := egressFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return usageErr(helpOK(err))
+	}
+	if eg.credKeyFile != "" {
+		return usagef("--egress-credential-key: credentials are stored by the servers; a node gets the secrets it injects in each signed call")
+	}
+	if err := eg.apply(&cfg); err != nil {
+		return usageErr(err)
 	}
 	secret, err := clusterSecret(*secretFile)
 	if err != nil {

@@ -22,9 +22,13 @@ type RemoteOptions struct {
 	Timeout time.Duration
 	// ProjectQuota bounds a project's live sandboxes (0 = no bound).
 	ProjectQuota int
-	HTTP         *http.Client
-	Logf         func(string, ...any)
-	Now          func() time.Time
+	// Credentials opens the secrets of credentials a policy attaches, sent
+	// to the sandbox's node in the signed start and network calls (nil:
+	// policies with credentials are refused).
+	Credentials CredentialResolver
+	HTTP        *http.Client
+	Logf        func(string, ...any)
+	Now         func() time.Time
 }
 
 // Remote is core.Runtime over `space node` processes: a scheduler places
@@ -121,10 +125,14 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 	now := r.o.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	best, bestScore, ready, withTemplate := "", -1.0, 0, 0
+	best, bestScore, ready, withTemplate, noEgress := "", -1.0, 0, 0, 0
 	var ties []string
 	for _, n := range nodes {
 		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) {
+			continue
+		}
+		if needsEgress(sb.Network) && !n.Egress {
+			noEgress++
 			continue
 		}
 		ready++
@@ -168,6 +176,8 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 		}
 	}
 	switch {
+	case ready == 0 && noEgress > 0:
+		return "", fmt.Errorf("network mode %s needs a node with the egress gateway; none of the %d ready nodes has one (space node --egress): %w", sb.Network.Mode, noEgress, core.ErrUnavailable)
 	case ready == 0 && pinned != "":
 		return "", fmt.Errorf("snapshot %s is kept on node %s, which is not ready: %w", sb.Snapshot, pinned, core.ErrUnavailable)
 	case ready == 0 && pc.store != "":
@@ -250,8 +260,13 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		r.unreserve(sb.Node, sb.ID)
 		return core.Placement{}, fmt.Errorf("start on node %s: %w", sb.Node, err)
 	}
+	creds, err := r.credentials(ctx, sb.ProjectID, sb.Network)
+	if err != nil {
+		r.unreserve(sb.Node, sb.ID)
+		return core.Placement{}, err
+	}
 	progress(10, "starting on node "+sb.Node)
-	pl, err := c.StartSandbox(ctx, sb)
+	pl, err := c.StartSandbox(ctx, sb, creds...)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -47,6 +47,8 @@ type Backend interface {
 
 type sandboxReq struct {
 	Sandbox core.Sandbox `json:"sandbox"`
+	// Credentials: the secrets the sandbox's policy attaches (start only).
+	Credentials []Credential `json:"credentials,omitempty"`
 }
 
 type idReq struct {
@@ -89,7 +91,7 @@ func NewHandler(b Backend, v *Verifier, logf func(string, ...any)) http.Handler 
 		if !core.ValidSandboxID(r.Sandbox.ID) {
 			return nil, fmt.Errorf("sandbox id %.40q: %w", r.Sandbox.ID, core.ErrInvalid)
 		}
-		pl, err := h.b.StartSandbox(ctx, r.Sandbox, func(int, string) {})
+		pl, err := h.startSandbox(ctx, r)
 		return placementResp{Placement: pl}, err
 	})
 	h.route(PathStop, h.byID(h.b.StopSandbox))
@@ -116,6 +118,7 @@ func NewHandler(b Backend, v *Verifier, logf func(string, ...any)) http.Handler 
 		return okResp{true}, h.b.HasTemplate(ctx, r.Name)
 	})
 	h.snapshotRoutes()
+	h.networkRoutes()
 	return httpx.Recover(h.mux, logf)
 }
 
@@ -268,6 +271,8 @@ func sentinel(code string) error {
 		return core.ErrInvalid
 	case "resource_exhausted":
 		return core.ErrExhausted
+	case "unavailable":
+		return core.ErrUnavailable
 	case "deadline_exceeded":
 		return context.DeadlineExceeded
 	case "unauthorized":
@@ -278,10 +283,11 @@ func sentinel(code string) error {
 	}
 }
 
-// StartSandbox starts sb on the node.
-func (c *Client) StartSandbox(ctx context.Context, sb core.Sandbox) (core.Placement, error) {
+// StartSandbox starts sb on the node, with the secrets of the credentials
+// its policy attaches (nil: none).
+func (c *Client) StartSandbox(ctx context.Context, sb core.Sandbox, creds ...Credential) (core.Placement, error) {
 	var out placementResp
-	err := c.call(ctx, PathStart, sandboxReq{Sandbox: sb}, &out)
+	err := c.call(ctx, PathStart, sandboxReq{Sandbox: sb, Credentials: creds}, &out)
 	return out.Placement, err
 }
 

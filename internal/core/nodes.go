@@ -44,6 +44,9 @@ type NodeRecord struct {
 	// ("" = snapshots stay on the node): a snapshot captured on a node
 	// can be restored on any node naming the same store.
 	SnapshotStore string `json:"snapshot_store,omitempty"`
+	// Egress: the node runs the egress gateway (space node --egress), so
+	// its sandboxes can have a policy other than blocked.
+	Egress bool `json:"egress,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster

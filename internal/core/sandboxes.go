@@ -74,6 +74,14 @@ type NetworkRuntime interface {
 	NetworkLog(ctx context.Context, sb Sandbox, after uint64, limit int) (NetworkLog, error)
 }
 
+// NetworkAdmitter is implemented by network runtimes whose sandboxes do
+// not all have a network (remote nodes with and without egress):
+// AdmitNetwork refuses a policy the sandbox's node cannot honour before
+// SetNetwork stores it.
+type NetworkAdmitter interface {
+	AdmitNetwork(ctx context.Context, sb Sandbox, p NetworkPolicy) error
+}
+
 // Validation bounds for client input.
 const (
 	MaxEnvVars       = 256
@@ -502,8 +510,14 @@ func (s *Service) SetNetwork(ctx context.Context, projectID, id string, p Networ
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if _, err := s.getLocal(ctx, projectID, id); err != nil {
+	before, err := s.getLocal(ctx, projectID, id)
+	if err != nil {
 		return Sandbox{}, err
+	}
+	if na, ok := s.runtime.(NetworkAdmitter); ok {
+		if err := na.AdmitNetwork(ctx, before, p); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
 		if cur.State != SandboxRunning {

@@ -48,14 +48,26 @@ var caEnv = map[string]string{
 // hands out credential placeholders as environment variables.
 type egressRuntime struct {
 	*runtime
-	net   *egress.Network
-	creds *credstore.Store
+	net *egress.Network
+	// creds opens attached credentials: the credential store of a server;
+	// nil on a `space node`, whose servers send the secrets in each call.
+	creds credResolver
 	logf  func(string, ...any)
 }
+
+// credResolver opens a project's credentials (credstore.Store).
+type credResolver interface {
+	Resolve(ctx context.Context, projectID string, ids []string) ([]egress.Credential, []core.Credential, error)
+}
+
+var _ credResolver = (*credstore.Store)(nil)
 
 func (r *egressRuntime) resolve(ctx context.Context, sb core.Sandbox, p *core.NetworkPolicy) ([]egress.Credential, []core.Credential, error) {
 	if p == nil || len(p.Credentials) == 0 {
 		return nil, nil, nil
+	}
+	if r.creds == nil {
+		return nil, nil, fmt.Errorf("network: no credential store here: %w", core.ErrUnavailable)
 	}
 	creds, infos, err := r.creds.Resolve(ctx, sb.ProjectID, p.Credentials)
 	if err != nil {
@@ -192,6 +204,12 @@ func (r *egressRuntime) StartSandbox(ctx context.Context, sb core.Sandbox, progr
 	if err != nil {
 		return core.Placement{}, err
 	}
+	return r.startWith(ctx, sb, creds, infos, progress)
+}
+
+// startWith starts sb with its credentials already opened (infos: their
+// bindings, for the placeholder variables).
+func (r *egressRuntime) startWith(ctx context.Context, sb core.Sandbox, creds []egress.Credential, infos []core.Credential, progress core.Progress) (core.Placement, error) {
 	env := make(map[string]string, len(sb.Env)+len(caEnv)+len(infos))
 	for k, v := range caEnv {
 		env[k] = v
@@ -227,16 +245,9 @@ func (r *egressRuntime) AdoptSandbox(ctx context.Context, sb core.Sandbox) error
 	if err := r.runtime.AdoptSandbox(ctx, sb); err != nil {
 		return err
 	}
-	inst := sb.Instance
-	if inst == "" {
-		inst = sb.ID
-	}
 	creds, _, err := r.resolve(ctx, sb, sb.Network)
 	if err == nil {
-		err = r.apply(inst, sb.Network, creds)
-	}
-	if err == nil {
-		err = r.installCA(ctx, sb.ID, inst)
+		err = r.reattach(ctx, sb, creds)
 	}
 	if err != nil {
 		// Fail closed: the node already applied the bare policy, with no
@@ -246,6 +257,19 @@ func (r *egressRuntime) AdoptSandbox(ctx context.Context, sb core.Sandbox) error
 	return nil
 }
 
+// reattach gives an adopted sandbox its egress state again: its policy
+// with creds, and the new CA in its trust store.
+func (r *egressRuntime) reattach(ctx context.Context, sb core.Sandbox, creds []egress.Credential) error {
+	inst := sb.Instance
+	if inst == "" {
+		inst = sb.ID
+	}
+	if err := r.apply(inst, sb.Network, creds); err != nil {
+		return err
+	}
+	return r.installCA(ctx, sb.ID, inst)
+}
+
 // SetNetworkPolicy implements core.NetworkRuntime.
 func (r *egressRuntime) SetNetworkPolicy(ctx context.Context, sb core.Sandbox, p core.NetworkPolicy) error {
 	if _, err := r.Node.Sandbox(sb.ID); err != nil {
@@ -253,6 +277,14 @@ func (r *egressRuntime) SetNetworkPolicy(ctx context.Context, sb core.Sandbox, p
 	}
 	creds, _, err := r.resolve(ctx, sb, &p)
 	if err != nil {
+		return err
+	}
+	return r.setWith(sb, p, creds)
+}
+
+// setWith applies p with its credentials already opened.
+func (r *egressRuntime) setWith(sb core.Sandbox, p core.NetworkPolicy, creds []egress.Credential) error {
+	if _, err := r.Node.Sandbox(sb.ID); err != nil {
 		return err
 	}
 	inst := sb.Instance
@@ -321,4 +353,26 @@ func serveMetrics(addr string, gw *egress.Gateway, logf func(string, ...any)) (*
 	}()
 	logf("egress: Prometheus counters on http://%s/metrics", ln.Addr())
 	return srv, nil
+}
+
+// openNetwork starts the sandbox networks and the egress gateway of
+// cfg.Egress (a server's, or a `space node`'s).
+func openNetwork(cfg Config) (*egress.Network, error) {
+	gc := cfg.Egress.Gateway
+	if gc.Logf == nil {
+		gc.Logf = cfg.Logf
+	}
+	lc := cfg.Egress.Links
+	if lc.Logf == nil {
+		lc.Logf = cfg.Logf
+	}
+	var err error
+	if gc.UpstreamRoots, err = upstreamRoots(gc.UpstreamRoots, cfg.Egress.UpstreamCAFile); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	n, err := egress.NewNetwork(lc, gc)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return n, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/template"
 )
@@ -69,6 +70,10 @@ type NodeProcess struct {
 	driverName string
 	// snapStore names the shared snapshot store ("" = none).
 	snapStore string
+	// net is the egress gateway and sandbox networks (nil without
+	// Config.Egress); metrics serves its counters.
+	net     *egress.Network
+	metrics *http.Server
 }
 
 // trackedRuntime is the node's runtime with the capacity it has committed
@@ -77,6 +82,8 @@ type NodeProcess struct {
 type trackedRuntime struct {
 	*runtime
 	max int
+	// eg is the egress wiring (nil: sandboxes without network).
+	eg *egressRuntime
 
 	mu   sync.Mutex
 	live map[string]core.Limits
@@ -99,6 +106,9 @@ func (t *trackedRuntime) release(id string) {
 }
 
 func (t *trackedRuntime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
+	if t.eg != nil {
+		return t.StartSandboxWithCredentials(ctx, sb, nil, progress)
+	}
 	if err := t.reserve(sb); err != nil {
 		return core.Placement{}, err
 	}
@@ -154,6 +164,7 @@ func (t *trackedRuntime) AdoptSandbox(ctx context.Context, sb core.Sandbox) erro
 	if err := t.runtime.AdoptSandbox(ctx, sb); err != nil {
 		return err
 	}
+	t.reattachNetwork(ctx, sb)
 	t.mu.Lock()
 	t.live[sb.ID] = sb.Limits
 	t.mu.Unlock()
@@ -243,7 +254,18 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if p.ns, isNS = p.store.(core.NodeStore); !isNS {
 		return nil, fmt.Errorf("space node: the store keeps no node registry: %w", core.ErrInvalid)
 	}
-	drv, _, err := pickDriver(cfg, cfg.Logf, nil)
+	if cfg.Egress != nil {
+		if cfg.Egress.CredentialKeyFile != "" {
+			return nil, fmt.Errorf("space node: credentials are stored by the servers, not the node (drop --egress-credential-key): %w", core.ErrInvalid)
+		}
+		if p.net, err = openNetwork(cfg); err != nil {
+			return nil, err
+		}
+		if p.metrics, err = serveMetrics(cfg.Egress.MetricsListen, p.net.GW, cfg.Logf); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+	}
+	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +289,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates, SnapshotShared: sharedSnaps,
 		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		Network: p.net,
 		// The service is made below; sandboxes only die after StartNode returns.
 		OnLost: func(id, reason string) { p.svc.MarkLost(context.Background(), id, reason) },
 		Logf:   cfg.Logf,
@@ -279,6 +302,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	broker := core.NewBroker(p.store, time.Now)
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{}}
+	if p.net != nil {
+		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
+	}
 	// The node's own service only reconciles at start (adopt what survived,
 	// sweep the rest) and reports sandboxes that die on their own.
 	p.svc = core.NewService(p.store, p.engine, broker, lifecycleOnly{p.rt}, core.ServiceOptions{NodeName: cfg.NodeName, Logf: cfg.Logf})
@@ -384,7 +410,7 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
 		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Templates: names,
-		SnapshotStore: p.snapStore, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
+		SnapshotStore: p.snapStore, Egress: p.net != nil, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err
 	}
@@ -444,7 +470,7 @@ func (p *NodeProcess) Shutdown(ctx context.Context) error {
 }
 
 func (p *NodeProcess) closeAll(ctx context.Context) {
-	for _, h := range []*http.Server{p.rpc, p.data} {
+	for _, h := range []*http.Server{p.rpc, p.data, p.metrics} {
 		if h != nil {
 			h.Shutdown(ctx)
 		}
@@ -463,6 +489,9 @@ func (p *NodeProcess) closeAll(ctx context.Context) {
 	p.wg.Wait()
 	if p.node != nil {
 		p.node.Close(ctx)
+	}
+	if p.net != nil {
+		p.net.Close()
 	}
 	if p.tm != nil {
 		p.tm.Close()

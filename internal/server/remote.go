@@ -122,7 +122,8 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
 		Info: func() api.Info {
-			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes"}
+			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes",
+				Egress: remoteEgress(remote, cfg.NodeTimeout)}
 		},
 	}
 	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
@@ -219,4 +220,21 @@ func (t *remoteTemplates) GetTemplate(ctx context.Context, name string) (core.Te
 
 func (t *remoteTemplates) BuildTemplate(ctx context.Context, req core.TemplateBuildRequest, progress core.Progress) (core.TemplateInfo, error) {
 	return core.TemplateInfo{}, fmt.Errorf("this server runs sandboxes on remote nodes; build templates on the nodes (space node --builtins, space template build --data-dir): %w", core.ErrUnavailable)
+}
+
+// remoteEgress reports whether some ready node runs the egress gateway.
+func remoteEgress(r *cluster.Remote, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes, err := r.Nodes(ctx)
+	if err != nil {
+		return false
+	}
+	now := time.Now()
+	for _, n := range nodes {
+		if n.Kind == core.NodeKindNode && n.State == core.NodeReady && n.Egress && now.Sub(n.HeartbeatAt) <= timeout {
+			return true
+		}
+	}
+	return false
 }

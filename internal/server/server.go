@@ -418,19 +418,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.Egress != nil {
-		gc := cfg.Egress.Gateway
-		if gc.Logf == nil {
-			gc.Logf = cfg.Logf
-		}
-		lc := cfg.Egress.Links
-		if lc.Logf == nil {
-			lc.Logf = cfg.Logf
-		}
-		if gc.UpstreamRoots, err = upstreamRoots(gc.UpstreamRoots, cfg.Egress.UpstreamCAFile); err != nil {
-			return nil, fmt.Errorf("egress: %w", err)
-		}
-		if s.net, err = egress.NewNetwork(lc, gc); err != nil {
-			return nil, fmt.Errorf("egress: %w", err)
+		if s.net, err = openNetwork(cfg); err != nil {
+			return nil, err
 		}
 		if s.creds, err = openCredentials(ctx, cfg.DataDir, cfg.Egress.CredentialKeyFile, s.store, s.net.GW.Revoke); err != nil {
 			return nil, fmt.Errorf("egress: %w", err)
