@@ -178,6 +178,9 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 			Credential: cred,
 		},
 	}
+	if s.opts.ProcAttr != nil {
+		s.opts.ProcAttr(attr.Sys)
+	}
 	for _, f := range childFiles {
 		attr.Files = append(attr.Files, f.Fd()) // Fd makes the child's ends blocking
 	}

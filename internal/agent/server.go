@@ -56,6 +56,10 @@ type Options struct {
 	// Wrap, if set, wraps the agent's handler (e.g. with the routes a
 	// driver's listener needs, such as gVisor's listener release).
 	Wrap func(http.Handler) http.Handler
+	// ProcAttr, if set, adjusts each command's process attributes before
+	// it starts (e.g. gVisor's agent starts commands in the in-sandbox
+	// pids cgroup: UseCgroupFD).
+	ProcAttr func(*syscall.SysProcAttr)
 
 	// etcDir is where passwd and group are read; "/etc" unless a test
 	// points it elsewhere.

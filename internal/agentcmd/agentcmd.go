@@ -9,10 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
 	"github.com/space-sandbox/space/internal/sandboxinit"
 )
 
@@ -55,7 +57,21 @@ func Run(args []string, version string) error {
 	if err != nil {
 		return err
 	}
+	// gVisor: the commands' cgroup in the Sentry's cgroupfs, where the
+	// sandbox's pids limit is enforced (the driver names the mount in the
+	// agent's environment and sets pids.max through agentpids.Path).
+	// Without one commands run unlimited inside and the route says so.
+	opts := agent.Options{Version: version}
+	g, err := agentpids.FromEnv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "agent: no in-sandbox pids limit: %v\n", err)
+		g = nil
+	}
+	if g != nil {
+		opts.ProcAttr = g.ProcAttr
+	}
+	opts.Wrap = func(h http.Handler) http.Handler { return l.Handler(g.Handler(h)) }
 	ctx := context.Background()
 	agent.StartReaper(ctx)
-	return agent.NewServer(agent.Options{Version: version, Wrap: l.Handler}).Serve(ctx, l)
+	return agent.NewServer(opts).Serve(ctx, l)
 }

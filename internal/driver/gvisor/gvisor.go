@@ -23,6 +23,9 @@
 // interchangeable between the two drivers. Resource limits go to runsc as
 // the spec's resources and land in cgroups below the node's own (relative
 // cgroupsPath <CgroupBase>/<id>); the sentry sizes its memory to the limit.
+// The pids limit is enforced on the sandbox's own tasks by the Sentry's
+// cgroup v2 pids controller, the host cgroup getting headroom for runsc's
+// host tasks (pids.go, package agentpids).
 //
 // Sandboxes outlive the node process (runsc run -detach) and are re-adopted
 // with Attach. Destroy runs `runsc delete -force`, then removes cgroups,
@@ -251,6 +254,13 @@ func (d *Driver) limits(l driver.Limits) cgroups.Limits {
 	}
 }
 
+// hostLimits are the host cgroup limits for the sandbox's limits l: the
+// pids limit leaves room for runsc's own host tasks (hostPids).
+func hostLimits(l cgroups.Limits) cgroups.Limits {
+	l.Pids = hostPids(l.Pids)
+	return l
+}
+
 // cleanup is a stack of undo steps for a half-built sandbox.
 type cleanup []func()
 
@@ -414,7 +424,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	// no swap on top of the memory limit).
 	inst := &Instance{d: d, id: id, dir: dir, sock: filepath.Join(sdir, sockName), st: st, group: d.cg.Open(st.Cgroups)}
 	tcg := time.Now()
-	if err := inst.group.SetLimits(lim); err != nil {
+	if err := inst.group.SetLimits(hostLimits(lim)); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	timing.Cgroups = time.Since(tcg)
@@ -425,6 +435,14 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	}
 	if err := d.waitReady(ctx, inst); err != nil {
 		return nil, err
+	}
+	// The sandbox's own pids limit, in the Sentry (pids.go). Nothing runs
+	// in the sandbox but the agent before Create returns.
+	if err := inst.setSandboxPids(ctx, lim.Pids); err != nil {
+		if !errors.Is(err, errNoPidsRoute) {
+			return nil, fmt.Errorf("gvisor: sandbox %s: %w", id, err)
+		}
+		d.opts.Logf("gvisor: %s: %v: its pids limit holds on the host only", id, err)
 	}
 	if d.opts.Probe != nil {
 		if err := d.opts.Probe(ctx, inst); err != nil {

@@ -3,12 +3,14 @@ package gvisor
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/drivertest"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
 )
 
 func TestFindRunsc(t *testing.T) {
@@ -114,4 +116,65 @@ func BenchmarkCreateDestroy(b *testing.B) {
 	drivertest.Bench(b, drivertest.Env{Rootfs: rootfs}, shortDir(b), func(dir string) driver.Driver {
 		return newDriver(b, testOptions(b, dir))
 	})
+}
+
+// TestForkBomb: the sandbox's pids limit holds in the Sentry (the commands'
+// cgroup), so a fork bomb fails to fork past it and the sandbox, whose
+// host cgroup leaves room for runsc's own tasks, lives on and answers.
+func TestForkBomb(t *testing.T) {
+	requireRunsc(t)
+	d := newDriver(t, testOptions(t, shortDir(t)))
+	inst := create(t, d, "bomb", driver.Limits{MemoryBytes: 256 << 20, Pids: 32})
+	g := d.cg.Open(inst.st.Cgroups)
+	hostMax := func() string {
+		b, _ := os.ReadFile(filepath.Join(g.Paths().Pids, "pids.max"))
+		return strings.TrimSpace(string(b))
+	}
+	if got, want := hostMax(), strconv.FormatInt(hostPids(32), 10); got != want {
+		t.Errorf("host pids.max %s, want %s", got, want)
+	}
+	grp := agentpids.Root + "/" + agentpids.GroupName
+	if out := drivertest.MustSh(t, inst, "cat "+grp+"/pids.max; grep -c . "+grp+"/cgroup.procs"); !strings.HasPrefix(out, "32\n") {
+		t.Errorf("in-sandbox pids.max and procs: %q", out)
+	}
+	// The bomb runs 3 s; then the sandbox must answer (a command may not
+	// start while the bomb holds every slot: retry) and clean up.
+	ctx := testCtx(t)
+	out, exit, err := drivertest.Sh(ctx, inst, "bomb() { bomb | bomb & }; bomb; sleep 3; kill -9 -1; echo done")
+	t.Logf("bomb: exit %+v err %v out %.200q", exit, err, out)
+	var got string
+	for i := 0; i < 40; i++ {
+		out, exit, err := drivertest.Sh(ctx, inst, "kill -9 -1 2>/dev/null; sleep 0.2; cat "+grp+"/pids.events; echo alive")
+		if err == nil && exit.Code == 0 && strings.Contains(out, "alive") {
+			got = out
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if !strings.Contains(got, "alive") {
+		t.Fatalf("sandbox unusable after the fork bomb")
+	}
+	if strings.Contains(got, "max 0") {
+		t.Errorf("the bomb never hit the in-sandbox limit: %q", got)
+	}
+	select {
+	case <-inst.Done():
+		t.Fatal("the sandbox died")
+	default:
+	}
+	// No more than 32 at once (a subshell forks until it cannot, which
+	// ends it; the count uses builtins); SetLimits moves both limits.
+	out = drivertest.MustSh(t, inst, "(i=0; while [ $i -lt 40 ]; do sleep 5 & i=$((i+1)); done) 2>/dev/null; set -- /proc/[0-9]*; echo $#; kill -9 -1 2>/dev/null; true")
+	if n, _ := strconv.Atoi(strings.TrimSpace(out)); n < 20 || n > 32+3 {
+		t.Errorf("tasks under pids=32: %q", out)
+	}
+	if err := inst.SetLimits(ctx, driver.Limits{MemoryBytes: 256 << 20, Pids: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hostMax(), strconv.FormatInt(hostPids(50), 10); got != want {
+		t.Errorf("host pids.max after SetLimits %s, want %s", got, want)
+	}
+	if out := drivertest.MustSh(t, inst, "cat "+grp+"/pids.max"); out != "50" {
+		t.Errorf("in-sandbox pids.max after SetLimits: %q", out)
+	}
 }

@@ -71,9 +71,18 @@ func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
 // SetLimits implements driver.Instance. Zero fields take the driver's
 // defaults. The sentry sized its memory at start; a lower limit later is
 // enforced by the host cgroup (the sandbox is then OOM-killed as a whole).
+// The pids limit goes to both the host cgroup (with headroom for runsc's
+// tasks) and the commands' cgroup in the Sentry (pids.go).
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
-	if err := i.group.SetLimits(i.d.limits(l)); err != nil {
+	lim := i.d.limits(l)
+	if err := i.group.SetLimits(hostLimits(lim)); err != nil {
 		return fmt.Errorf("gvisor: %s: %w", i.id, err)
+	}
+	if err := i.setSandboxPids(ctx, lim.Pids); err != nil {
+		if !errors.Is(err, errNoPidsRoute) {
+			return fmt.Errorf("gvisor: %s: %w", i.id, err)
+		}
+		i.d.opts.Logf("gvisor: %s: %v: its pids limit holds on the host only", i.id, err)
 	}
 	return nil
 }

@@ -84,6 +84,10 @@ func (r *runsc) globals(logDir string, network string) []string {
 			// A fresh empty netns per gofer, so nothing is left mounted in
 			// --root when the last sandbox goes.
 			"--gofer-network-namespace", "new",
+			// The Sentry's cgroup v2 hierarchy, mounted by the spec at
+			// /sys/fs/cgroup: its pids controller enforces the
+			// sandbox's pids limit (package agentpids).
+			"--in-sandbox-cgroup", "v2",
 		)
 	}
 	if r.debug && logDir != "" {

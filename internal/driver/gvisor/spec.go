@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
 )
 
 // The subset of the OCI runtime spec (v1.0) the driver writes.
@@ -107,13 +109,13 @@ func (d *Driver) ociSpec(id, hostname, rootfs, sockDir, netns string, l cgroups.
 		res.CPU = &ociCPU{Quota: &q, Period: &p}
 	}
 	if l.Pids > 0 {
-		res.Pids = &ociPids{Limit: l.Pids}
+		res.Pids = &ociPids{Limit: hostPids(l.Pids)}
 	}
 	return ociSpec{
 		Version: "1.0.2",
 		Process: ociProcess{
 			Args:            append(append([]string{agentInside}, d.opts.AgentArgs...), runDirInside+"/"+sockName),
-			Env:             d.opts.Env,
+			Env:             append(slices.Clone(d.opts.Env), agentpids.EnvVar+"="+agentpids.Root),
 			Cwd:             "/",
 			Capabilities:    ociCaps{Bounding: caps, Effective: caps, Permitted: caps},
 			NoNewPrivileges: true,
@@ -125,6 +127,10 @@ func (d *Driver) ociSpec(id, hostname, rootfs, sockDir, netns string, l cgroups.
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+			// The Sentry's own cgroup2 filesystem (--in-sandbox-cgroup=v2),
+			// not the host's: the agent keeps the commands' pids cgroup in
+			// it (agentpids).
+			{Destination: agentpids.Root, Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: agentInside, Type: "bind", Source: d.opts.AgentPath, Options: []string{"rbind", "ro"}},
 			{Destination: runDirInside, Type: "bind", Source: sockDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
 )
 
 func main() {
@@ -25,10 +26,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	var opts agent.Options
+	g, err := agentpids.FromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "no in-sandbox pids limit:", err)
+		g = nil
+	}
+	if g != nil {
+		opts.ProcAttr = g.ProcAttr
+	}
 	ctx := context.Background()
 	agent.StartReaper(ctx)
 	srv := &http.Server{
-		Handler:           l.Handler(agent.NewServer(agent.Options{}).Handler()),
+		Handler:           l.Handler(g.Handler(agent.NewServer(opts).Handler())),
 		ReadHeaderTimeout: 30 * time.Second,
 	}
 	if err := srv.Serve(l); err != nil {
