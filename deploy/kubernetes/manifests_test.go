@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -761,17 +762,75 @@ func checkServer(t *testing.T, c *cluster) {
 	// Each listener is where the Service and probes expect it.
 	checkListen(t, id, w, flags, "listen", "control")
 	checkListen(t, id, w, flags, "data-listen", "data")
+	checkEgress(t, c, w, flags)
+}
+
+// metricsNamespace is the label of namespaces whose pods (Prometheus) may
+// scrape the egress gateway's unauthenticated metrics port.
+var metricsNamespace = map[string]string{"space-sandbox.dev/metrics": "true"}
+
+// kubeDNS: the cluster DNS pods, in front of which the Service is the first
+// nameserver of a pod's /etc/resolv.conf (dnsPolicy ClusterFirst).
+var (
+	kubeDNSNamespace = map[string]string{"kubernetes.io/metadata.name": "kube-system"}
+	kubeDNSPod       = map[string]string{"k8s-app": "kube-dns"}
+)
+
+// checkEgress asserts what a workload that runs the egress gateway (the
+// node, or the single-process server) needs: --egress, scrape annotations
+// that match --egress-metrics on a container port of the pod's own
+// address, that port let in only from namespaces labelled for metrics,
+// and the gateway's upstreams let out: the cluster DNS (what --egress-dns
+// defaults to in a pod) and public addresses, not private ones.
+func checkEgress(t *testing.T, c *cluster, w workload, flags map[string]string) {
+	t.Helper()
+	id := w.Kind + "/" + w.Name
+	if _, on := flags["egress"]; !on {
+		t.Errorf("%s: must run --egress (sandbox networking)", id)
+		return
+	}
 	// Prometheus scrapes what the egress gateway serves.
 	an := w.Template.Annotations
-	if an["prometheus.io/scrape"] == "true" {
-		port, _ := strconv.Atoi(an["prometheus.io/port"])
-		cp, ok := containerPort(w, intstr.FromInt(port))
-		if !ok {
-			t.Errorf("prometheus.io/port %q is no container port", an["prometheus.io/port"])
+	port, _ := strconv.Atoi(an["prometheus.io/port"])
+	cp, ok := containerPort(w, intstr.FromInt(port))
+	host, mp, err := splitHostPort(flags["egress-metrics"])
+	if an["prometheus.io/scrape"] != "true" || !ok || err != nil || mp != int(cp.ContainerPort) || an["prometheus.io/path"] != "/metrics" {
+		t.Errorf("%s: scrape annotations %v do not match --egress-metrics=%q on a container port", id, an, flags["egress-metrics"])
+	}
+	// Unauthenticated: on the pod's address, not the host's, and only for
+	// the monitoring namespaces.
+	if host != "$(POD_IP)" || cp.HostPort != 0 {
+		t.Errorf("%s: --egress-metrics=%q (hostPort %d): want $(POD_IP), no hostPort", id, flags["egress-metrics"], cp.HostPort)
+	}
+	checkFieldEnv(t, id, w.Template.Spec.Containers[0], "POD_IP", "status.podIP")
+	if ok && (c.openIngress(w, cp.ContainerPort) || !c.allowsIngressFromNamespace(w, metricsNamespace, cp.ContainerPort)) {
+		t.Errorf("%s: the metrics port %d must be let in from namespaces labelled %v, and only from them", id, cp.ContainerPort, metricsNamespace)
+	}
+	// The gateway's upstream resolver: the pod's first nameserver, the
+	// cluster DNS.
+	if v, set := flags["egress-dns"]; set {
+		t.Errorf("%s: --egress-dns=%q: the policies are checked for the default, the cluster DNS", id, v)
+	}
+	if dp := w.Template.Spec.DNSPolicy; dp != "" && dp != corev1.DNSClusterFirst {
+		t.Errorf("%s: dnsPolicy %s: the gateway's resolver (--egress-dns) defaults to the cluster DNS only with ClusterFirst", id, dp)
+	}
+	for _, proto := range []corev1.Protocol{corev1.ProtocolUDP, corev1.ProtocolTCP} {
+		if !c.allowsEgressToNamespace(w, kubeDNSNamespace, kubeDNSPod, 53, proto) {
+			t.Errorf("%s: the NetworkPolicies do not let the gateway ask the cluster DNS (%s 53)", id, proto)
 		}
-		_, mp, err := splitHostPort(flags["egress-metrics"])
-		if _, on := flags["egress"]; !on || err != nil || mp != int(cp.ContainerPort) || an["prometheus.io/path"] != "/metrics" {
-			t.Errorf("scrape annotations %v do not match --egress --egress-metrics=%q", an, flags["egress-metrics"])
+	}
+	// The upstreams sandboxes' policies allow: public addresses, any port;
+	// the cluster and cloud metadata stay out of reach.
+	for _, a := range []string{"93.184.215.14", "1.1.1.1"} {
+		for _, p := range []int32{443, 80, 22} {
+			if !c.allowsEgressToAddr(w, netip.MustParseAddr(a), p) {
+				t.Errorf("%s: the NetworkPolicies do not let the gateway reach %s:%d", id, a, p)
+			}
+		}
+	}
+	for _, a := range []string{"10.96.0.1", "169.254.169.254", "172.17.0.1", "192.168.1.1", "100.64.0.1"} {
+		if c.allowsEgressToAddr(w, netip.MustParseAddr(a), 443) {
+			t.Errorf("%s: the NetworkPolicies let it reach the private address %s", id, a)
 		}
 	}
 }
@@ -809,9 +868,13 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 		t.Errorf("%s: --data-dir=%q is not a writable volume (the root filesystem is read-only)", sid, sflags["data-dir"])
 	}
 	checkListen(t, sid, sw, sflags, "listen", "control")
-	// A --remote-nodes server serves no metrics (no egress gateway).
+	// A --remote-nodes server serves no metrics (the egress gateway is on
+	// the nodes).
 	if an := sw.Template.Annotations; an["prometheus.io/scrape"] != "" {
 		t.Errorf("%s: scrape annotations %v, but a --remote-nodes server serves no metrics", sid, an)
+	}
+	if _, ok := containerPort(sw, intstr.FromString("metrics")); ok {
+		t.Errorf("%s: a metrics port, but a --remote-nodes server serves no metrics", sid)
 	}
 
 	nw, nct := named(t, c, nodeName)
@@ -819,12 +882,8 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 	nflags := commandLine(t, nid, nct, "node")
 	checkSandboxHost(t, nw, nct, nflags, "name")
 	checkClusterSecret(t, nid, nw, nct, nflags)
-	if _, ok := nflags["egress"]; ok {
-		t.Errorf("%s: remote nodes run no egress", nid)
-	}
-	if an := nw.Template.Annotations; an["prometheus.io/scrape"] != "" {
-		t.Errorf("%s: scrape annotations %v, but a node serves no metrics", nid, an)
-	}
+	// Sandbox networking is on the nodes (the servers refuse --egress).
+	checkEgress(t, c, nw, nflags)
 	// The RPC: the servers are told the pod's address and the RPC port.
 	rpc := checkListen(t, nid, nw, nflags, "listen", "rpc")
 	if want := fmt.Sprintf("http://$(POD_IP):%d", rpc); nflags["rpc-url"] != want {
@@ -937,6 +996,134 @@ func (c *cluster) allowsIngressFrom(to, from workload, port int32) bool {
 	return false
 }
 
+// allowsIngressFromNamespace reports whether some policy selecting w's
+// pods lets pods of namespaces labelled ns in on port.
+func (c *cluster) allowsIngressFromNamespace(w workload, ns map[string]string, port int32) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(w.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Ingress {
+			if !portsAllow(r.Ports, port, corev1.ProtocolTCP) {
+				continue
+			}
+			for _, peer := range r.From {
+				if peerMatches(peer, ns, nil) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// allowsEgressToNamespace reports whether some policy selecting w's pods
+// lets them reach pods labelled pod in namespaces labelled ns on port.
+func (c *cluster) allowsEgressToNamespace(w workload, ns, pod map[string]string, port int32, proto corev1.Protocol) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(w.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Egress {
+			if !portsAllow(r.Ports, port, proto) {
+				continue
+			}
+			if len(r.To) == 0 {
+				return true
+			}
+			for _, peer := range r.To {
+				if peerMatches(peer, ns, pod) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// allowsEgressToAddr reports whether some policy selecting w's pods lets
+// them reach addr on TCP port through an ipBlock (or a rule with no peers).
+func (c *cluster) allowsEgressToAddr(w workload, addr netip.Addr, port int32) bool {
+	for _, p := range c.Policies {
+		sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(w.Template.Labels)) {
+			continue
+		}
+		for _, r := range p.Spec.Egress {
+			if !portsAllow(r.Ports, port, corev1.ProtocolTCP) {
+				continue
+			}
+			if len(r.To) == 0 {
+				return true
+			}
+			for _, peer := range r.To {
+				if peer.IPBlock == nil {
+					continue
+				}
+				if pfx, err := netip.ParsePrefix(peer.IPBlock.CIDR); err != nil || !pfx.Contains(addr) {
+					continue
+				}
+				excepted := false
+				for _, e := range peer.IPBlock.Except {
+					if pfx, err := netip.ParsePrefix(e); err == nil && pfx.Contains(addr) {
+						excepted = true
+					}
+				}
+				if !excepted {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// portsAllow reports whether a rule's ports admit port/proto (no ports:
+// all; no protocol: TCP).
+func portsAllow(ports []networkingv1.NetworkPolicyPort, port int32, proto corev1.Protocol) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, rp := range ports {
+		p := corev1.ProtocolTCP
+		if rp.Protocol != nil {
+			p = *rp.Protocol
+		}
+		if p != proto {
+			continue
+		}
+		if rp.Port == nil || (rp.Port.Type == intstr.Int && rp.Port.IntVal == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerMatches reports whether a policy peer with a namespaceSelector admits
+// pods labelled pod (nil: any pod) in namespaces labelled ns. Peers
+// without one (this namespace) or with an ipBlock do not.
+func peerMatches(peer networkingv1.NetworkPolicyPeer, ns, pod map[string]string) bool {
+	if peer.NamespaceSelector == nil || peer.IPBlock != nil {
+		return false
+	}
+	nsel, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+	if err != nil || !nsel.Matches(labels.Set(ns)) {
+		return false
+	}
+	if peer.PodSelector == nil {
+		return true
+	}
+	if pod == nil {
+		// Any pod of those namespaces: only a peer that selects them all.
+		ps, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		return err == nil && ps.Empty()
+	}
+	ps, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+	return err == nil && ps.Matches(labels.Set(pod))
+}
+
 func splitHostPort(s string) (string, int, error) {
 	i := strings.LastIndex(s, ":")
 	if i < 0 {
@@ -996,10 +1183,10 @@ func TestSingle(t *testing.T) {
 	if v, _ := envValue(ct, "SPACE_DATA_URL"); v != "http://$(POD_IP):7071" {
 		t.Errorf("SPACE_DATA_URL %q: each session must name its own pod's data plane", v)
 	}
-	// Sandbox networking works only here: the docs send users of --egress
-	// to this layout.
+	// Egress credentials work only here (remote nodes have no shared
+	// credential store yet): the docs send users of them to this layout.
 	if _, ok := argFlags(t, ct.Args)["egress"]; !ok {
-		t.Error("the single-process layout is the one with --egress")
+		t.Error("the single-process layout must run --egress (the one with egress credentials)")
 	}
 	if len(c.Secrets) != 0 {
 		t.Error("the single-process layout must not ship a Secret (no default password)")
@@ -1256,7 +1443,7 @@ func TestFlagsAreReal(t *testing.T) {
 	}
 	t.Run("kubernetes", func(t *testing.T) {
 		nodeBool, nodeHelp := flagsOf(t, bin, "node")
-		for _, want := range []string{"name", "listen", "rpc-url", "data-listen", "data-url", "cluster-secret-file", "snapshot-store"} {
+		for _, want := range []string{"name", "listen", "rpc-url", "data-listen", "data-url", "cluster-secret-file", "snapshot-store", "egress", "egress-metrics"} {
 			if _, ok := nodeBool[want]; !ok {
 				t.Fatalf("`space node -h` lists no -%s:\n%s", want, nodeHelp)
 			}
