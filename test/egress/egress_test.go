@@ -85,6 +85,9 @@ type startOptions struct {
 	// test-template cache with the Debian "base"); the "rt" template is
 	// then not built and no warm pool is kept.
 	templateDir string
+	// noWarmPool keeps no warm pool (the qemu run: a pool VM would boot
+	// beside the test's own).
+	noWarmPool bool
 }
 
 func startOpts(t *testing.T, o startOptions) *env {
@@ -161,6 +164,9 @@ func startOpts(t *testing.T, o startOptions) *env {
 	if o.templateDir != "" {
 		cfg.WarmPool, cfg.WarmTemplates = 0, nil
 		e.template = "base"
+	}
+	if o.noWarmPool {
+		cfg.WarmPool, cfg.WarmTemplates = 0, nil
 	}
 	cfg.Logf = func(f string, a ...any) {
 		if testing.Verbose() {

@@ -553,7 +553,8 @@ func runShared(t *testing.T, env Env) {
 // every 50 ms, and returns once it has written one.
 func startCounter(t *testing.T, inst driver.Instance, file string) {
 	t.Helper()
-	MustSh(t, inst, "(i=0; while true; do i=$((i+1)); echo $i > "+file+"; sleep 0.05; done) >/dev/null 2>&1 &")
+	// Write then rename: a reader never sees the file truncated and empty.
+	MustSh(t, inst, "(i=0; while true; do i=$((i+1)); echo $i > "+file+".new; mv "+file+".new "+file+"; sleep 0.05; done) >/dev/null 2>&1 &")
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if readCount(t, inst, file) > 0 {
 			return
