@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // routeTap makes the network namespace of QEMU process pid a router
@@ -79,10 +81,16 @@ func routeTap(pid int) error {
 //	table ip space-vm {
 //	  chain in   { filter input 0; policy accept; iifname vmtap0 drop }
 //	  chain fwd  { filter forward 0; policy drop;
-//	               iifname vmtap0 oifname != vmtap0 accept
-//	               ct state established,related accept }
+//	               iifname vmtap0 oifname != vmtap0 ip saddr 169.254.0.2
+//	                 ct state != invalid meta l4proto { tcp, udp, icmp } accept
+//	               iifname != vmtap0 oifname vmtap0 ct state established,related accept }
 //	  chain post { nat postrouting 100; oifname != vmtap0 masquerade }
 //	}
+//
+// Only the guest's own address and the protocols masquerading rewrites
+// leave: anything else (a forged source, GRE, SCTP, UDP-Lite, invalid
+// packets) would otherwise cross with its original source and be left
+// to the host's anti-spoof rules. Replies go only back to the tap.
 func tapRules(nsFD int) error {
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
 	if err != nil {
@@ -101,16 +109,29 @@ func tapRules(nsFD int) error {
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(ifIs(expr.MetaKeyIIFNAME, expr.CmpOpEq),
 		&expr.Verdict{Kind: expr.VerdictDrop})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: append(append(ifIs(expr.MetaKeyIIFNAME, expr.CmpOpEq),
-		ifIs(expr.MetaKeyOIFNAME, expr.CmpOpNeq)...), &expr.Verdict{Kind: expr.VerdictAccept})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-			Xor:  binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-		&expr.Verdict{Kind: expr.VerdictAccept},
-	}})
+	ctState := func(bits uint32, op expr.CmpOp) []expr.Any {
+		return []expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: op, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		}
+	}
+	guest := net.ParseIP(strings.SplitN(guestNet, "/", 2)[0]).To4()
+	for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_ICMP} {
+		exprs := append(ifIs(expr.MetaKeyIIFNAME, expr.CmpOpEq), ifIs(expr.MetaKeyOIFNAME, expr.CmpOpNeq)...)
+		exprs = append(exprs,
+			// ip saddr (offset 12 in the network header) == the guest's address
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: guest},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+		exprs = append(exprs, ctState(expr.CtStateBitINVALID, expr.CmpOpEq)...)
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: append(exprs, &expr.Verdict{Kind: expr.VerdictAccept})})
+	}
+	back := append(ifIs(expr.MetaKeyIIFNAME, expr.CmpOpNeq), ifIs(expr.MetaKeyOIFNAME, expr.CmpOpEq)...)
+	back = append(back, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, expr.CmpOpNeq)...)
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: append(back, &expr.Verdict{Kind: expr.VerdictAccept})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: append(ifIs(expr.MetaKeyOIFNAME, expr.CmpOpNeq),
 		&expr.Masq{})})
 	return c.Flush()
