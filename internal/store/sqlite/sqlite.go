@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -53,6 +55,21 @@ CREATE TABLE IF NOT EXISTS nodes (
 
 // Open opens (creating if needed) the database file at path.
 func Open(ctx context.Context, path string) (*Store, error) {
+	// The file holds the session-token signing key and the credential
+	// encryption key: owner only. SQLite gives its -wal and -shm files the
+	// main file's mode.
+	if !strings.HasPrefix(path, ":") {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		}
+		f.Close()
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+			}
+		}
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
