@@ -465,17 +465,22 @@ func sandboxGet(args []string) error {
 		envKeys = append(envKeys, k)
 	}
 	sort.Strings(envKeys)
-	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
-	for _, row := range [][2]string{
+	return writeFields(cl.out, [][2]string{
 		{"id", sb.ID}, {"template", sb.Template}, {"state", state},
 		{"driver", sb.Driver}, {"node", sb.Node}, {"limits", strings.Join(limits, " ")},
 		{"created", sb.CreatedAt.Local().Format(time.RFC3339)}, {"expires", exp},
 		{"env", strings.Join(envKeys, ",")}, {"metadata", joinKV(sb.Metadata)},
-	} {
-		if row[1] == "" {
-			row[1] = "-"
+	})
+}
+
+// writeFields prints "name: value" rows aligned, "-" for an empty value.
+func writeFields(out io.Writer, rows [][2]string) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		if r[1] == "" {
+			r[1] = "-"
 		}
-		fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
 	}
 	return tw.Flush()
 }
@@ -1090,7 +1095,6 @@ func runOps(args []string) error {
 }
 
 func (c *clientCLI) printOperation(op client.Operation) {
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	rows := [][2]string{
 		{"id", op.ID}, {"kind", op.Kind}, {"target", op.Target}, {"state", op.State},
 		{"progress", fmt.Sprintf("%d%%", op.Progress)}, {"message", op.Message},
@@ -1099,13 +1103,7 @@ func (c *clientCLI) printOperation(op client.Operation) {
 	if op.Error != nil {
 		rows = append(rows, [2]string{"error", op.Error.Code + ": " + op.Error.Message})
 	}
-	for _, r := range rows {
-		if r[1] == "" {
-			r[1] = "-"
-		}
-		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
-	}
-	tw.Flush()
+	writeFields(c.out, rows)
 }
 
 func opsGet(args []string) error {

@@ -188,16 +188,9 @@ func snapshotGet(args []string) error {
 	if cl.json {
 		return cl.printJSON(s)
 	}
-	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
-	for _, r := range [][2]string{{"id", s.ID}, {"sandbox", s.SandboxID}, {"parent", s.ParentID},
+	return writeFields(cl.out, [][2]string{{"id", s.ID}, {"sandbox", s.SandboxID}, {"parent", s.ParentID},
 		{"template", s.Template}, {"state", s.State}, {"kind", s.Kind}, {"processes", s.Processes},
-		{"created", s.CreatedAt.Local().Format(time.RFC3339)}} {
-		if r[1] == "" {
-			r[1] = "-"
-		}
-		fmt.Fprintf(tw, "%s:\t%s\n", r[0], r[1])
-	}
-	return tw.Flush()
+		{"created", s.CreatedAt.Local().Format(time.RFC3339)}})
 }
 
 func snapshotRemove(args []string) error {
