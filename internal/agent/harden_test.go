@@ -73,7 +73,9 @@ func hardenedChild(t *testing.T) {
 	}
 
 	a := startAgent(t, agent.Options{})
-	res := run(t, a, agent.ProcessSpec{Shell: "cat /proc/self/status; echo oom=$(cat /proc/self/oom_score_adj)"})
+	// The agent sets a command's score right after starting it: read it a
+	// moment later, not in a race with that write.
+	res := run(t, a, agent.ProcessSpec{Shell: "cat /proc/self/status; sleep 0.2; echo oom=$(cat /proc/self/oom_score_adj)"})
 	status := res.stdout.String()
 	ign := statusHex(t, status, "SigIgn")
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2} {
