@@ -65,7 +65,7 @@ func Run(t *testing.T, env Env) {
 	t.Run("BadSpecs", func(t *testing.T) { testBadSpecs(t, env) })
 	t.Run("PauseResume", func(t *testing.T) {
 		d := env.Open(t, t.TempDir())
-		pauseResume(t, create(t, env, d, "conf-pause", driver.Limits{}))
+		pauseResume(t, create(t, env, d, "conf-pause", driver.Limits{}), true)
 	})
 	t.Run("CheckpointRestore", func(t *testing.T) {
 		dir := t.TempDir()
@@ -472,7 +472,10 @@ func runShared(t *testing.T, env Env) {
 			t.Errorf("after OOM: %q", got)
 		}
 	})
-	t.Run("PauseResume", func(t *testing.T) { pauseResume(t, b) })
+	// No command is tried while paused: a qemu VM's agent channel does not
+	// always recover from a handshake that timed out against a stopped
+	// guest (a known bug, docs/drivers.md).
+	t.Run("PauseResume", func(t *testing.T) { pauseResume(t, b, false) })
 	t.Run("CheckpointRestore", func(t *testing.T) { checkpointRestore(t, env, d, dir, b, "conf-c") })
 	// A new driver value over the same dirs, as after a node restart.
 	d2 := env.Open(t, dir)
@@ -573,7 +576,7 @@ func readCount(t *testing.T, inst driver.Instance, file string) int {
 
 // pauseResume: while paused nothing in the sandbox runs (the agent does
 // not answer, a counter does not advance); after resume it continues.
-func pauseResume(t *testing.T, inst driver.Instance) {
+func pauseResume(t *testing.T, inst driver.Instance, probe bool) {
 	p, ok := driver.As[driver.Pauser](inst)
 	if !ok {
 		t.Skipf("%T does not implement driver.Pauser", inst)
@@ -586,11 +589,13 @@ func pauseResume(t *testing.T, inst driver.Instance) {
 	if err := p.Pause(testCtx(t)); err != nil {
 		t.Errorf("second pause: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(testCtx(t), 700*time.Millisecond)
-	if out, exit, err := Sh(ctx, inst, "echo ran"); err == nil {
-		t.Errorf("a command ran in a paused sandbox: %+v %q", exit, out)
+	if probe {
+		ctx, cancel := context.WithTimeout(testCtx(t), 700*time.Millisecond)
+		if out, exit, err := Sh(ctx, inst, "echo ran"); err == nil {
+			t.Errorf("a command ran in a paused sandbox: %+v %q", exit, out)
+		}
+		cancel()
 	}
-	cancel()
 	time.Sleep(time.Second)
 	if err := p.Resume(testCtx(t)); err != nil {
 		t.Fatalf("resume: %v", err)
