@@ -128,6 +128,7 @@ func (s *server) followFrom(t *testing.T, id, lastID string) []opEvent {
 	}
 	defer resp.Body.Close()
 	var evs []opEvent
+	var ended *opEvent // the operation had ended when the stream opened
 	skipped := false
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -144,18 +145,22 @@ func (s *server) followFrom(t *testing.T, id, lastID string) []opEvent {
 		}
 		if lastID != "" && !skipped {
 			// The stream opens with the current state before replaying
-			// history from lastID; a resumed follower drops it, unless the
-			// operation already ended before the stream connected (then the
-			// stream ends with it).
+			// history from lastID; a resumed follower drops it. If it is
+			// final and nothing follows, the operation ended before the
+			// stream connected, and that state is the answer.
 			skipped = true
-			if st := ev.Data.State; st != "succeeded" && st != "failed" && st != "cancelled" {
-				continue
+			if st := ev.Data.State; st == "succeeded" || st == "failed" || st == "cancelled" {
+				ended = &ev.Data
 			}
+			continue
 		}
 		evs = append(evs, ev.Data)
 		if st := ev.Data.State; st == "succeeded" || st == "failed" || st == "cancelled" {
 			return evs
 		}
+	}
+	if ended != nil && len(evs) == 0 && sc.Err() == nil {
+		return []opEvent{*ended}
 	}
 	t.Fatalf("event stream ended early: %v (%+v)", sc.Err(), evs)
 	return nil
