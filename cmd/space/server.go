@@ -61,6 +61,7 @@ func runServer(args []string) error {
 	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
 	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
+	fs.StringVar(&cfg.AuditLog, "audit-log", "", "audit log of security decisions, JSON lines (default <data-dir>/audit.log; - for stderr)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -97,6 +98,7 @@ func runKeys(args []string) error {
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")
 	store := fs.String("store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN (default $SPACE_STORE, else sqlite)")
 	project := fs.String("project", "default", "project the key belongs to")
+	admin := fs.Bool("admin", false, "an operator key: may also publish public templates, run template GC and list across projects")
 	name := fs.String("name", "", "a label for the key")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -116,7 +118,7 @@ func runKeys(args []string) error {
 	keys := auth.NewKeys(st, time.Now)
 	switch args[0] {
 	case "create":
-		k, plain, err := keys.Create(ctx, *project, *name)
+		k, plain, err := keys.CreateKey(ctx, *project, *name, *admin)
 		if err != nil {
 			return err
 		}
@@ -134,13 +136,13 @@ func runKeys(args []string) error {
 			return printJSONTo(os.Stdout, map[string]any{"keys": list})
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tPROJECT\tNAME\tCREATED\tREVOKED")
+		fmt.Fprintln(tw, "ID\tPROJECT\tNAME\tADMIN\tCREATED\tREVOKED")
 		for _, k := range list {
 			rev := "-"
 			if k.RevokedAt != nil {
 				rev = k.RevokedAt.Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.ProjectID, k.Name, k.CreatedAt.Format(time.RFC3339), rev)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\n", k.ID, k.ProjectID, k.Name, k.Admin, k.CreatedAt.Format(time.RFC3339), rev)
 		}
 		tw.Flush()
 	case "revoke":

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -53,6 +54,8 @@ type Options struct {
 	Credentials Credentials
 	// Info, if set, describes the node for GET /v1/info.
 	Info func() Info
+	// Audit receives security decisions (nil: discarded).
+	Audit *audit.Log
 }
 
 // Info describes the node behind the server (GET /v1/info).
@@ -156,6 +159,9 @@ func New(o Options) *Server {
 				}
 			}
 			if err := rt.h(s, w, r, p); err != nil {
+				if !rt.public {
+					s.auditRefusal(r, rt, p, err)
+				}
 				httpx.WriteError(w, err)
 			}
 		})
@@ -164,9 +170,100 @@ func New(o Options) *Server {
 	return s
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler. Every request gets a request id (the
+// client's X-Request-Id when it is a sane token), echoed in the response
+// and carried into the audit log.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := audit.RequestIDFrom(r.Header.Get("X-Request-Id"))
+	w.Header().Set("X-Request-Id", id)
+	r = r.WithContext(audit.WithRequestID(r.Context(), id))
 	httpx.Recover(s.mux, s.o.Logf).ServeHTTP(w, r)
+}
+
+// audit records a decision about one object.
+func (s *Server) audit(ctx context.Context, p auth.Principal, action, kind, target, outcome string) {
+	s.o.Audit.Record(ctx, audit.Event{Action: action, Outcome: outcome, ProjectID: p.ProjectID, KeyID: p.KeyID,
+		Admin: p.Admin, Kind: kind, Target: target})
+}
+
+// auditRefusal records a 403, and a 404 for an object that exists in
+// another project: a refused cross-project access.
+func (s *Server) auditRefusal(r *http.Request, rt route, p auth.Principal, err error) {
+	status, _, msg := httpx.StatusOf(err)
+	action := rt.method + " " + rt.pattern
+	ev := audit.Event{Action: action, Outcome: "denied", ProjectID: p.ProjectID, KeyID: p.KeyID, Admin: p.Admin}
+	switch status {
+	case http.StatusForbidden:
+		ev.Reason = msg
+	case http.StatusNotFound:
+		ev.Kind, ev.Target, ev.Owner = s.ownerOf(r, p)
+		if ev.Owner == "" || ev.Owner == p.ProjectID {
+			return
+		}
+		ev.Reason = "object of another project"
+	default:
+		return
+	}
+	if ev.Target == "" {
+		ev.Kind, ev.Target, _ = s.ownerOf(r, p)
+	}
+	s.o.Audit.Record(r.Context(), ev)
+}
+
+// ownerOf names the object a request's path addresses and the project
+// that owns it ("" if there is none).
+func (s *Server) ownerOf(r *http.Request, p auth.Principal) (kind, target, owner string) {
+	ctx := r.Context()
+	if s.o.Store == nil {
+		return "", "", ""
+	}
+	if id := r.PathValue("id"); id != "" {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/v1/sandboxes/"):
+			if sb, err := s.o.Store.GetSandbox(ctx, "", id); err == nil {
+				return "sandbox", id, sb.ProjectID
+			}
+			return "sandbox", id, ""
+		case strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
+			if sn, err := s.o.Store.GetSnapshot(ctx, "", id); err == nil {
+				return "snapshot", id, sn.ProjectID
+			}
+			return "snapshot", id, ""
+		case strings.HasPrefix(r.URL.Path, "/v1/operations/"):
+			if op, err := s.o.Store.GetOperation(ctx, "", id); err == nil {
+				return "operation", id, op.ProjectID
+			}
+			return "operation", id, ""
+		case strings.HasPrefix(r.URL.Path, "/v1/keys/"):
+			if k, err := s.o.Store.GetAPIKey(ctx, id); err == nil {
+				return "key", id, k.ProjectID
+			}
+			return "key", id, ""
+		case strings.HasPrefix(r.URL.Path, "/v1/credentials/"):
+			if co, ok := s.o.Credentials.(interface{ CredentialOwner(string) string }); ok {
+				return "credential", id, co.CredentialOwner(id)
+			}
+			return "credential", id, ""
+		}
+	}
+	if op := r.PathValue("op"); op != "" {
+		if o, err := s.o.Store.GetOperation(ctx, "", op); err == nil {
+			return "operation", op, o.ProjectID
+		}
+		return "operation", op, ""
+	}
+	if name := r.PathValue("name"); name != "" && s.o.Templates != nil {
+		list, err := s.o.Templates.ListTemplates(ctx)
+		if err == nil {
+			for _, t := range list {
+				if t.Name == name && t.Project != "" && t.Project != p.ProjectID {
+					return "template", name, t.Project
+				}
+			}
+		}
+		return "template", name, ""
+	}
+	return "", "", ""
 }
 
 func (s *Server) authenticate(r *http.Request) (auth.Principal, error) {
@@ -248,7 +345,14 @@ var metaQueryRE = regexp.MustCompile(`^metadata\.(.{1,64})$`)
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	q := r.URL.Query()
+	all, err := allProjects(r, p)
+	if err != nil {
+		return err
+	}
 	f := core.SandboxFilter{ProjectID: p.ProjectID, Metadata: map[string]string{}}
+	if all {
+		f.ProjectID = ""
+	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			switch v := core.SandboxState(one); v {
@@ -265,7 +369,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Pr
 				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "too many metadata filters")
 			}
 			f.Metadata[m[1]] = v[0]
-		} else if k != "state" && k != "limit" && k != "page_token" {
+		} else if k != "state" && k != "limit" && k != "page_token" && k != "all_projects" {
 			return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown query parameter %.64q", k)
 		}
 	}
@@ -586,25 +690,101 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, p auth.Principal
 		func(core.Event) bool { return true }, func(core.Event) bool { return false })
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+// listTemplates lists the caller's project's templates and the public
+// ones; ?all_projects=true (admin keys only) lists every project's.
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	all, err := allProjects(r, p)
+	if err != nil {
+		return err
+	}
 	list, err := s.o.Templates.ListTemplates(r.Context())
 	if err != nil {
 		return err
 	}
-	if list == nil {
-		list = []core.TemplateInfo{}
+	out := []core.TemplateInfo{}
+	for _, t := range list {
+		if all || t.Public || t.Project == p.ProjectID {
+			out = append(out, t)
+		}
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"templates": list})
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"templates": out})
 	return nil
 }
 
-func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
-	t, err := s.o.Templates.GetTemplate(r.Context(), r.PathValue("name"))
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	_, t, err := s.lookupTemplate(r.Context(), p, r.PathValue("name"))
 	if err != nil {
 		return err
 	}
 	httpx.WriteJSON(w, http.StatusOK, t)
 	return nil
+}
+
+// allProjects reads ?all_projects=true, which only admin keys may use.
+func allProjects(r *http.Request, p auth.Principal) (bool, error) {
+	v := r.URL.Query().Get("all_projects")
+	switch v {
+	case "", "false", "0":
+		return false, nil
+	case "true", "1":
+		if !p.Admin {
+			return false, httpx.Errorf(http.StatusForbidden, "forbidden", "all_projects needs an admin key")
+		}
+		return true, nil
+	}
+	return false, httpx.Errorf(http.StatusBadRequest, "invalid_argument", "all_projects must be true or false")
+}
+
+// lookupTemplate resolves the template a project means by name: its own,
+// else the public one. It returns the template's ref (see core.TemplateRef).
+func (s *Server) lookupTemplate(ctx context.Context, p auth.Principal, name string) (string, core.TemplateInfo, error) {
+	if !taggedNameRE.MatchString(name) {
+		return "", core.TemplateInfo{}, httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
+	}
+	own := core.TemplateRef(p.ProjectID, name)
+	t, err := s.o.Templates.GetTemplate(ctx, own)
+	if err == nil {
+		return own, t, nil
+	}
+	if !errors.Is(err, core.ErrNotFound) {
+		return "", t, err
+	}
+	if t, err = s.o.Templates.GetTemplate(ctx, name); err != nil {
+		return "", t, err
+	}
+	return name, t, nil
+}
+
+// buildScope is the ref a build of name writes: the caller's project, or
+// with public (admin keys only) the public scope.
+func buildScope(p auth.Principal, name string, public bool) (string, error) {
+	if public {
+		if !p.Admin {
+			return "", httpx.Errorf(http.StatusForbidden, "forbidden", "publishing a public template needs an admin key")
+		}
+		return name, nil
+	}
+	return core.TemplateRef(p.ProjectID, name), nil
+}
+
+// queryBuildName reads ?name= (matching re) and ?public= of the multipart
+// and upload builds, and returns the name and the ref the build writes.
+func queryBuildName(r *http.Request, p auth.Principal, re *regexp.Regexp, rule string) (name, ref string, err error) {
+	q := r.URL.Query()
+	name = q.Get("name")
+	if !re.MatchString(name) {
+		return "", "", httpx.Errorf(http.StatusBadRequest, "invalid_argument", "%s", rule)
+	}
+	public := false
+	switch q.Get("public") {
+	case "", "false", "0":
+	case "true", "1":
+		public = true
+	default:
+		return "", "", httpx.Errorf(http.StatusBadRequest, "invalid_argument", "public must be true or false")
+	}
+	ref, err = buildScope(p, name, public)
+	return name, ref, err
 }
 
 var (
@@ -643,9 +823,19 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 	if !templateNameRE.MatchString(req.Name) {
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "name must match ^[a-z0-9][a-z0-9._-]{0,63}$")
 	}
+	ref, err := buildScope(p, req.Name, req.Public)
+	if err != nil {
+		return err
+	}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", req.Name)
-	op, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
-		return s.o.Templates.BuildTemplate(ctx, req, progress)
+	op, err = s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
+		breq := req
+		breq.Name = ref
+		t, err := s.o.Templates.BuildTemplate(ctx, breq, progress)
+		if err == nil {
+			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+		}
+		return t, err
 	})
 	if err != nil {
 		return err
@@ -663,9 +853,9 @@ const maxTemplateUpload = 8 << 30
 // tarball sent as the request body (?name=NAME). The body is spooled to a
 // private temp file that lives as long as the build.
 func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	name := r.URL.Query().Get("name")
-	if !templateNameRE.MatchString(name) {
-		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "name must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+	name, ref, err := queryBuildName(r, p, templateNameRE, "name must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+	if err != nil {
+		return err
 	}
 	f, err := os.CreateTemp("", "space-template-upload-")
 	if err != nil {
@@ -684,11 +874,15 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		}
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "reading the archive: %v", err)
 	}
-	req := core.TemplateBuildRequest{Name: name, Source: "archive", Path: path}
+	req := core.TemplateBuildRequest{Name: ref, Source: "archive", Path: path}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
 	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
 		defer os.Remove(path)
-		return s.o.Templates.BuildTemplate(ctx, req, progress)
+		t, err := s.o.Templates.BuildTemplate(ctx, req, progress)
+		if err == nil {
+			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+		}
+		return t, err
 	})
 	if err != nil || got.ID != op.ID {
 		os.Remove(path) // not run: an error, or a replay of an earlier upload
@@ -702,7 +896,15 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	keys, err := s.o.Store.ListAPIKeys(r.Context(), p.ProjectID)
+	all, err := allProjects(r, p)
+	if err != nil {
+		return err
+	}
+	project := p.ProjectID
+	if all {
+		project = ""
+	}
+	keys, err := s.o.Store.ListAPIKeys(r.Context(), project)
 	if err != nil {
 		return err
 	}
@@ -713,25 +915,55 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p auth.Princip
 	return nil
 }
 
+// createKey makes a key in the caller's project. Only an admin key may
+// name another project or make an admin key.
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	var req struct {
-		Name string `json:"name"`
+		Name    string `json:"name"`
+		Project string `json:"project,omitempty"`
+		Admin   bool   `json:"admin,omitempty"`
 	}
 	if err := httpx.DecodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	k, plain, err := s.o.Keys.Create(r.Context(), p.ProjectID, req.Name)
+	project := p.ProjectID
+	if req.Project != "" && req.Project != p.ProjectID || req.Admin {
+		if !p.Admin {
+			s.audit(r.Context(), p, "key.create", "key", req.Project, "denied")
+			return httpx.Errorf(http.StatusForbidden, "forbidden", "only an admin key may create keys for another project or admin keys")
+		}
+		if req.Project != "" {
+			project = req.Project
+		}
+	}
+	k, plain, err := s.o.Keys.CreateKey(r.Context(), project, req.Name, req.Admin)
 	if err != nil {
 		return err
 	}
+	s.o.Audit.Record(r.Context(), audit.Event{Action: "key.create", Outcome: "succeeded", ProjectID: p.ProjectID, KeyID: p.KeyID,
+		Admin: p.Admin, Kind: "key", Target: k.ID, Owner: k.ProjectID, Reason: adminText(k.Admin)})
 	httpx.WriteJSON(w, http.StatusCreated, map[string]any{"key": k, "secret": plain})
 	return nil
 }
 
+func adminText(admin bool) string {
+	if admin {
+		return "admin key"
+	}
+	return ""
+}
+
+// revokeKey revokes a key of the caller's project (admin keys: any key).
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	if err := s.o.Store.RevokeAPIKey(r.Context(), p.ProjectID, r.PathValue("id"), s.o.Now().UTC()); err != nil {
+	project := p.ProjectID
+	if p.Admin {
+		project = ""
+	}
+	id := r.PathValue("id")
+	if err := s.o.Store.RevokeAPIKey(r.Context(), project, id, s.o.Now().UTC()); err != nil {
 		return err
 	}
+	s.audit(r.Context(), p, "key.revoke", "key", id, "succeeded")
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

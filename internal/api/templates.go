@@ -84,9 +84,9 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 	if err != nil {
 		return err
 	}
-	name := r.URL.Query().Get("name")
-	if !taggedNameRE.MatchString(name) {
-		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", buildNameRuleText)
+	name, ref, err := queryBuildName(r, p, taggedNameRE, buildNameRuleText)
+	if err != nil {
+		return err
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBuildContext+maxBuildfile+1<<20)
 	mr, err := r.MultipartReader()
@@ -152,13 +152,17 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "missing the buildfile part")
 	}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
-	req := BuildfileRequest{Name: name, File: file, ProjectID: p.ProjectID, OpID: op.ID}
+	req := BuildfileRequest{Name: ref, File: file, ProjectID: p.ProjectID, OpID: op.ID}
 	if haveContext {
 		req.ContextDir = dir
 	}
 	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
 		defer os.RemoveAll(dir)
-		return a.BuildFromFile(ctx, req, progress)
+		res, err := a.BuildFromFile(ctx, req, progress)
+		if err == nil {
+			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+		}
+		return res, err
 	})
 	if err != nil {
 		return err
@@ -186,47 +190,71 @@ func trimErr(err error) string {
 	return msg
 }
 
-// deleteTemplate removes a template name; 409 while a sandbox uses it.
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+// deleteTemplate removes a template name of the caller's project (public
+// ones: admin keys only); 409 while a sandbox uses it.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	a, err := s.templateAdmin()
 	if err != nil {
 		return err
 	}
-	name := r.PathValue("name")
-	if !taggedNameRE.MatchString(name) {
-		return httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
-	}
-	if err := a.DeleteTemplate(r.Context(), name); err != nil {
+	ref, _, err := s.lookupTemplate(r.Context(), p, r.PathValue("name"))
+	if err != nil {
 		return err
 	}
+	if err := s.writable(r.Context(), p, ref, "template.delete"); err != nil {
+		return err
+	}
+	if err := a.DeleteTemplate(r.Context(), ref); err != nil {
+		return err
+	}
+	s.audit(r.Context(), p, "template.delete", "template", ref, "succeeded")
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// writable refuses a project key's change to a public template.
+func (s *Server) writable(ctx context.Context, p auth.Principal, ref, action string) error {
+	if owner, _ := core.SplitTemplateRef(ref); owner == "" && !p.Admin {
+		s.audit(ctx, p, action, "template", ref, "denied")
+		return httpx.Errorf(http.StatusForbidden, "forbidden", "template %q is public: read-only to project keys", ref)
+	}
 	return nil
 }
 
 // aliasTemplate points another name (or name:tag) at the same immutable
 // template: {"alias":"py:stable"}.
-func (s *Server) aliasTemplate(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+// The alias is made in the caller's project, or with "public": true
+// (admin keys only) in the public scope; the template it points at may be
+// the project's own or a public one.
+func (s *Server) aliasTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
 	a, err := s.templateAdmin()
 	if err != nil {
 		return err
 	}
 	var req struct {
-		Alias string `json:"alias"`
+		Alias  string `json:"alias"`
+		Public bool   `json:"public,omitempty"`
 	}
 	if err := httpx.DecodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	name := r.PathValue("name")
-	if !taggedNameRE.MatchString(name) {
-		return httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
+	ref, _, err := s.lookupTemplate(r.Context(), p, r.PathValue("name"))
+	if err != nil {
+		return err
 	}
 	if !taggedNameRE.MatchString(req.Alias) {
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "alias: %s", buildNameRuleText)
 	}
-	t, err := a.AliasTemplate(r.Context(), name, req.Alias)
+	target, err := buildScope(p, req.Alias, req.Public)
+	if err != nil {
+		s.audit(r.Context(), p, "template.alias", "template", req.Alias, "denied")
+		return err
+	}
+	t, err := a.AliasTemplate(r.Context(), ref, target)
 	if err != nil {
 		return err
 	}
+	s.audit(r.Context(), p, "template.alias", "template", target, "succeeded")
 	httpx.WriteJSON(w, http.StatusOK, t)
 	return nil
 }
@@ -279,11 +307,17 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request, p auth.Princi
 
 // gcTemplates removes template layers no name refers to and no live
 // sandbox uses (the build cache); later builds make them again.
-func (s *Server) gcTemplates(w http.ResponseWriter, r *http.Request, _ auth.Principal) error {
+// Admin keys only: the layers are shared by every project.
+func (s *Server) gcTemplates(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	if !p.Admin {
+		s.audit(r.Context(), p, "template.gc", "templates", "", "denied")
+		return httpx.Errorf(http.StatusForbidden, "forbidden", "template GC needs an admin key")
+	}
 	a, err := s.templateAdmin()
 	if err != nil {
 		return err
 	}
+	s.audit(r.Context(), p, "template.gc", "templates", "", "succeeded")
 	res, err := a.GCTemplates(r.Context())
 	if err != nil {
 		return err

@@ -38,6 +38,9 @@ var (
 type Principal struct {
 	KeyID     string
 	ProjectID string
+	// Admin keys are the operator's: they also publish public templates,
+	// run template GC and list across projects.
+	Admin bool
 }
 
 // Keys manages API keys.
@@ -57,8 +60,14 @@ func randHex(n int) string {
 	return fmt.Sprintf("%x", b)
 }
 
-// Create makes a key for a project and returns its one-time plaintext.
+// Create makes a project key and returns its one-time plaintext.
 func (k *Keys) Create(ctx context.Context, projectID, name string) (core.APIKey, string, error) {
+	return k.CreateKey(ctx, projectID, name, false)
+}
+
+// CreateKey makes a key, an operator's (admin) key if admin, and returns
+// its one-time plaintext.
+func (k *Keys) CreateKey(ctx context.Context, projectID, name string, admin bool) (core.APIKey, string, error) {
 	if !validName(projectID) {
 		return core.APIKey{}, "", fmt.Errorf("project must be 1-64 of [a-z0-9_-]: %w", core.ErrInvalid)
 	}
@@ -68,7 +77,7 @@ func (k *Keys) Create(ctx context.Context, projectID, name string) (core.APIKey,
 	id := randHex(6)
 	secret := randHex(24)
 	sum := sha256.Sum256([]byte(secret))
-	key := core.APIKey{ID: id, ProjectID: projectID, Name: name, Hash: sum[:], CreatedAt: k.now().UTC()}
+	key := core.APIKey{ID: id, ProjectID: projectID, Name: name, Admin: admin, Hash: sum[:], CreatedAt: k.now().UTC()}
 	if err := k.store.CreateAPIKey(ctx, key); err != nil {
 		return core.APIKey{}, "", err
 	}
@@ -95,7 +104,7 @@ func (k *Keys) Verify(ctx context.Context, plaintext string) (Principal, error) 
 	if subtle.ConstantTimeCompare(sum[:], key.Hash) != 1 || key.RevokedAt != nil {
 		return Principal{}, ErrInvalid
 	}
-	return Principal{KeyID: key.ID, ProjectID: key.ProjectID}, nil
+	return Principal{KeyID: key.ID, ProjectID: key.ProjectID, Admin: key.Admin}, nil
 }
 
 func validName(s string) bool {

@@ -136,7 +136,7 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 			continue
 		}
 		ready++
-		if !slices.Contains(n.Templates, sb.Template) {
+		if !slices.Contains(n.Templates, sb.TemplateKey()) {
 			continue
 		}
 		withTemplate++

@@ -74,15 +74,21 @@ func (s *Service) hibernate(ctx context.Context, projectID, id, idemKey string, 
 		return Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
 	now := s.opts.Now().UTC()
-	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: id, Template: sb.Template, Auto: auto,
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: id, Template: sb.Template, TemplateRef: sb.TemplateRef, Auto: auto,
 		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: hibernateProcesses,
 		CreatedAt: now, UpdatedAt: now}
 	// The snapshot record and the operation are stored together: a crash
 	// leaves a failed operation and a failed snapshot (reconcile).
 	op := s.engine.NewOperation(projectID, "sandbox.hibernate", id)
 	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
-	if err != nil || !created {
+	if err != nil {
 		return stored, err
+	}
+	if !created {
+		if err := CheckReplay(stored, op); err != nil {
+			return Operation{}, err
+		}
+		return stored, nil
 	}
 	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
 		out, err := s.runHibernate(ctx, sr, pr, snap, progress)

@@ -45,10 +45,13 @@ type Placement struct {
 
 // CreateRequest asks for a new sandbox.
 type CreateRequest struct {
-	Template string            `json:"template"`
-	Env      map[string]string `json:"env,omitempty"`
-	Metadata map[string]string `json:"metadata,omitempty"`
-	Limits   Limits            `json:"limits,omitempty"`
+	Template string `json:"template"`
+	// TemplateRef, set only by the server itself (forks, pre-warms), is
+	// the already-resolved template; clients name templates by Template.
+	TemplateRef string            `json:"-"`
+	Env         map[string]string `json:"env,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	Limits      Limits            `json:"limits,omitempty"`
 	// TimeoutSeconds: nil = the server default; 0 = no timeout.
 	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty"`
 	// Network is the egress policy; nil = blocked.
@@ -259,36 +262,60 @@ func (s *Service) validateNetwork(p NetworkPolicy) (NetworkPolicy, error) {
 	if out.Mode != string(policy.Blocked) {
 		nr, ok := s.runtime.(NetworkRuntime)
 		if !ok || !nr.NetworkEnabled() {
-			return NetworkPolicy{}, fmt.Errorf("network mode %s: this server runs sandboxes without a network (no egress gateway): %w", out.Mode, ErrUnavailable)
+			return NetworkPolicy{}, fmt.Errorf("network mode %s needs the egress gateway, and this server runs without it (start it with space server --egress): %w", out.Mode, ErrEgressDisabled)
 		}
 	}
 	return out, nil
 }
 
+// resolveTemplate finds the template a project means by name: its own
+// first, else the public one.
+func (s *Service) resolveTemplate(ctx context.Context, projectID, name string) (string, error) {
+	own := TemplateRef(projectID, name)
+	err := s.runtime.HasTemplate(ctx, own)
+	if err == nil || !errors.Is(err, ErrNotFound) {
+		return own, err
+	}
+	if err := s.runtime.HasTemplate(ctx, name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
 // Create records a sandbox and starts the operation that makes it. With an
 // idempotency key, a repeated request returns the first operation.
 func (s *Service) Create(ctx context.Context, projectID string, req CreateRequest, idemKey string) (Sandbox, Operation, error) {
-	return s.create(ctx, projectID, req, idemKey, "")
+	return s.create(ctx, projectID, req, idemKey, "", "")
 }
 
-// create is Create; from names the snapshot a fork restores ("" = none).
-func (s *Service) create(ctx context.Context, projectID string, req CreateRequest, idemKey, from string) (Sandbox, Operation, error) {
+// create is Create; from names the snapshot a fork restores ("" = none);
+// fp is the request's fingerprint ("": the validated create request's).
+func (s *Service) create(ctx context.Context, projectID string, req CreateRequest, idemKey, from, fp string) (Sandbox, Operation, error) {
 	if err := s.validate(&req); err != nil {
 		return Sandbox{}, Operation{}, err
+	}
+	if fp == "" {
+		fp = Fingerprint("sandbox.create", req)
 	}
 	if len(idemKey) > 128 {
 		return Sandbox{}, Operation{}, invalid("Idempotency-Key longer than 128 bytes")
 	}
-	if err := s.runtime.HasTemplate(ctx, req.Template); err != nil {
+	ref := req.TemplateRef
+	if ref == "" {
+		var err error
+		if ref, err = s.resolveTemplate(ctx, projectID, req.Template); err != nil {
+			return Sandbox{}, Operation{}, err
+		}
+	} else if err := s.runtime.HasTemplate(ctx, ref); err != nil {
 		return Sandbox{}, Operation{}, err
 	}
 	restoreFrom := from
 	if wt, ok := s.runtime.(WarmTemplates); ok && from == "" {
-		restoreFrom = wt.WarmSnapshot(ctx, req.Template)
+		restoreFrom = wt.WarmSnapshot(ctx, ref)
 	}
 	now := s.opts.Now().UTC()
 	sb := Sandbox{
-		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, State: SandboxCreating,
+		ID: NewID("sbx-"), ProjectID: projectID, Template: req.Template, TemplateRef: ref, State: SandboxCreating,
 		Env: req.Env, Metadata: req.Metadata, Limits: req.Limits, Node: s.opts.NodeName,
 		CreatedAt: now, UpdatedAt: now, Network: req.Network, Snapshot: restoreFrom,
 	}
@@ -317,11 +344,15 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 		kind = "sandbox.fork"
 	}
 	op := s.engine.NewOperation(projectID, kind, sb.ID)
+	op.Fingerprint = fp
 	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
 	if err != nil {
 		return Sandbox{}, Operation{}, err
 	}
 	if !created {
+		if err := CheckReplay(stored, op); err != nil {
+			return Sandbox{}, Operation{}, err
+		}
 		existing, err := s.store.GetSandbox(ctx, projectID, stored.Target)
 		return existing, stored, err
 	}

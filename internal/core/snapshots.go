@@ -56,6 +56,7 @@ type Snapshot struct {
 	SandboxID   string         `json:"sandbox_id"`
 	ParentID    string         `json:"parent_id,omitempty"`
 	Template    string         `json:"template"`
+	TemplateRef string         `json:"template_ref,omitempty"` // see Sandbox.TemplateRef
 	State       SnapshotState  `json:"state"`
 	StateReason string         `json:"state_reason,omitempty"`
 	Kind        string         `json:"kind"`
@@ -302,15 +303,19 @@ func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idem
 		return Snapshot{}, Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
 	now := s.opts.Now().UTC()
-	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Template: sb.Template,
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Template: sb.Template, TemplateRef: sb.TemplateRef,
 		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: processesNotCaptured,
 		CreatedAt: now, UpdatedAt: now}
 	op := s.engine.NewOperation(projectID, "snapshot.create", snap.ID)
+	op.Fingerprint = Fingerprint("snapshot.create", sandboxID) // snap.ID is new each time
 	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
 	if err != nil {
 		return Snapshot{}, Operation{}, err
 	}
 	if !created {
+		if err := CheckReplay(stored, op); err != nil {
+			return Snapshot{}, Operation{}, err
+		}
 		existing, err := s.store.GetSnapshot(ctx, projectID, stored.Target)
 		return existing, stored, err
 	}
@@ -505,7 +510,7 @@ func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRe
 	if snap.State != SnapshotReady {
 		return nil, nil, fmt.Errorf("snapshot is %s: %w", snap.State, ErrConflict)
 	}
-	creq := CreateRequest{Template: snap.Template, Env: req.Env, Metadata: req.Metadata, Limits: req.Limits,
+	creq := CreateRequest{Template: snap.Template, TemplateRef: snap.TemplateKey(), Env: req.Env, Metadata: req.Metadata, Limits: req.Limits,
 		TimeoutSeconds: req.TimeoutSeconds, Network: req.Network}
 	if src, err := s.store.GetSandbox(ctx, projectID, snap.SandboxID); err == nil {
 		if creq.Env == nil {
@@ -517,12 +522,15 @@ func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRe
 	}
 	var sbs []Sandbox
 	var ops []Operation
+	// Every sandbox of the fork carries the fork request's fingerprint: a
+	// retry with the key replays only the same request (count included).
+	fp := Fingerprint("snapshot.fork", snap.ID, req)
 	for i := 0; i < req.Count; i++ {
 		key := ""
 		if idemKey != "" {
 			key = fmt.Sprintf("%s/%d", idemKey, i)
 		}
-		sb, op, err := s.create(ctx, projectID, creq, key, snap.ID)
+		sb, op, err := s.create(ctx, projectID, creq, key, snap.ID, fp)
 		if err != nil {
 			return sbs, ops, err
 		}

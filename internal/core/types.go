@@ -22,6 +22,13 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	ErrUnavailable  = errors.New("unavailable")
 	ErrExhausted    = errors.New("resource exhausted")
+	// ErrEgressDisabled: the request asks for a network policy or
+	// credentials, and this server runs without the egress gateway. It is
+	// also ErrInvalid: the request cannot succeed on this server as it is.
+	ErrEgressDisabled = fmt.Errorf("egress disabled: %w", ErrInvalid)
+	// ErrIdempotencyReused: an Idempotency-Key already used for a
+	// different request (another body, route or target).
+	ErrIdempotencyReused = errors.New("idempotency key reused with a different request")
 )
 
 // SandboxState is where a sandbox is in its life.
@@ -52,9 +59,12 @@ type Limits struct {
 
 // Sandbox is the persisted record of one sandbox.
 type Sandbox struct {
-	ID          string            `json:"id"`
-	ProjectID   string            `json:"project_id"`
-	Template    string            `json:"template"`
+	ID        string `json:"id"`
+	ProjectID string `json:"project_id"`
+	Template  string `json:"template"`
+	// TemplateRef is the template the name resolved to at create time
+	// (see TemplateRef): the project's own, else the public one.
+	TemplateRef string            `json:"template_ref,omitempty"`
 	State       SandboxState      `json:"state"`
 	StateReason string            `json:"state_reason,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
@@ -210,6 +220,9 @@ type Operation struct {
 	Result    json.RawMessage `json:"result,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
 	UpdatedAt time.Time       `json:"updated_at"`
+	// Fingerprint identifies the request that made the operation (see
+	// Fingerprint). Stores keep it (EncodeOperation); clients never see it.
+	Fingerprint string `json:"-"`
 }
 
 // Event is a lifecycle event, visible to one project. Seq orders all events.
@@ -225,9 +238,12 @@ type Event struct {
 
 // APIKey is a stored (hashed) API key.
 type APIKey struct {
-	ID        string     `json:"id"`
-	ProjectID string     `json:"project_id"`
-	Name      string     `json:"name"`
+	ID        string `json:"id"`
+	ProjectID string `json:"project_id"`
+	Name      string `json:"name"`
+	// Admin keys may also publish public templates, run template GC and
+	// list across projects.
+	Admin     bool       `json:"admin,omitempty"`
 	Hash      []byte     `json:"-"`
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
@@ -244,7 +260,11 @@ type SandboxFilter struct {
 
 // TemplateInfo describes a built template.
 type TemplateInfo struct {
-	Name      string            `json:"name"`
+	Name string `json:"name"`
+	// Public: a builtin or operator-published template, read-only to
+	// projects; else Project owns it.
+	Public    bool              `json:"public"`
+	Project   string            `json:"project,omitempty"`
 	Digest    string            `json:"digest"`
 	Source    string            `json:"source"`
 	SizeBytes int64             `json:"size_bytes"`
@@ -276,6 +296,9 @@ type TemplateBuildRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Cwd      string            `json:"cwd,omitempty"`
 	User     string            `json:"user,omitempty"`
+	// Public publishes the template to every project (admin keys only);
+	// otherwise it belongs to the caller's project.
+	Public bool `json:"public,omitempty"`
 }
 
 // Templates lists and builds templates on the node.

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -51,6 +52,8 @@ type APIOptions struct {
 	CreateWait time.Duration
 	Logf       func(string, ...any)
 	Now        func() time.Time
+	// Audit receives refused cross-project access (nil: discarded).
+	Audit *audit.Log
 }
 
 // DefaultAliases is the alias table used when APIOptions.Aliases is nil.
@@ -102,11 +105,13 @@ func NewAPI(o APIOptions) *API {
 		{"POST /sandboxes/{id}/resume", (*API).resume},
 		{"GET /sandboxes/{id}/metrics", (*API).metrics},
 	} {
-		h := rt.h
+		h, pattern := rt.h, rt.pattern
 		a.mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
 			p, err := a.authenticate(r)
 			if err == nil {
-				err = h(a, w, r, p)
+				if err = h(a, w, r, p); err != nil {
+					a.auditRefusal(r, pattern, p, err)
+				}
 			}
 			if err != nil {
 				writeError(w, err)
@@ -121,6 +126,21 @@ func NewAPI(o APIOptions) *API {
 			"%s %s is not supported by SPACE's E2B compatibility layer (see docs/e2b-compat.md)", r.Method, r.URL.Path))
 	})
 	return a
+}
+
+// auditRefusal records a 404 for a sandbox of another project: a refused
+// cross-project access.
+func (a *API) auditRefusal(r *http.Request, pattern string, p auth.Principal, err error) {
+	id := r.PathValue("id")
+	if status, _, _ := httpx.StatusOf(err); status != http.StatusNotFound || id == "" || a.o.Audit == nil {
+		return
+	}
+	sb, gerr := a.o.Service.Get(r.Context(), "", id)
+	if gerr != nil || sb.ProjectID == p.ProjectID {
+		return
+	}
+	a.o.Audit.Record(r.Context(), audit.Event{Action: "e2b " + pattern, Outcome: "denied", ProjectID: p.ProjectID,
+		KeyID: p.KeyID, Admin: p.Admin, Kind: "sandbox", Target: id, Owner: sb.ProjectID, Reason: "object of another project"})
 }
 
 // IsAPIPath reports whether a control-listener path belongs to the E2B API.
@@ -155,7 +175,9 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, httpx.Errorf(http.StatusInternalServerError, "internal", "internal error"))
 		}
 	}()
-	a.mux.ServeHTTP(w, r)
+	id := audit.RequestIDFrom(r.Header.Get("X-Request-Id"))
+	w.Header().Set("X-Request-Id", id)
+	a.mux.ServeHTTP(w, r.WithContext(audit.WithRequestID(r.Context(), id)))
 }
 
 // writeError writes E2B's error shape: {"code": <status>, "message"}. The SDK

@@ -219,13 +219,13 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 // set, replaces the driver's Create (a process snapshot's restore).
 func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress, initLayer func(context.Context, driver.Layer) error,
 	restore func(context.Context, driver.Spec) (driver.Instance, error)) (core.Placement, error) {
-	tpl, err := n.o.Templates.Get(sb.Template)
+	tpl, err := n.o.Templates.Get(sb.TemplateKey())
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
 	}
 	var inst driver.Instance
 	if initLayer == nil {
-		inst = n.claim(sb.Template)
+		inst = n.claim(sb.TemplateKey())
 	}
 	if inst != nil {
 		defer n.kickPool()

@@ -66,7 +66,7 @@ func (t *Templates) prewarm(ctx context.Context, projectID string, tp template.T
 		readyTimeout = prewarmReadyTimeout
 	}
 	timeout := int64(readyTimeout/time.Second) + 600
-	sb, op, err := t.svc.Create(ctx, projectID, core.CreateRequest{Template: tp.Name, TimeoutSeconds: &timeout,
+	sb, op, err := t.svc.Create(ctx, projectID, core.CreateRequest{Template: displayName(tp.Name), TemplateRef: tp.Name, TimeoutSeconds: &timeout,
 		Metadata: map[string]string{"space.template.prewarm": tp.Name}}, "")
 	if err != nil {
 		return res, tp, fmt.Errorf("pre-warm sandbox: %w", err)
@@ -271,12 +271,12 @@ func (r *runtime) WarmSnapshot(ctx context.Context, name string) string {
 // the background, as the sandbox's command 1) since its processes were
 // not captured.
 func (r *runtime) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
-	r.t.noteStarted(sb.ID, sb.Template)
+	r.t.noteStarted(sb.ID, sb.TemplateKey())
 	pl, err := r.Node.StartSandboxFromSnapshot(ctx, sb, chain, progress)
 	if err != nil {
 		return pl, err
 	}
-	tp, terr := r.t.m.Get(sb.Template)
+	tp, terr := r.t.m.Get(sb.TemplateKey())
 	if terr != nil || tp.Warm == nil || tp.Warm.Snapshot != sb.Snapshot || tp.Warm.Kind == core.SnapshotKindProcess || len(tp.Defaults.Cmd) == 0 {
 		return pl, nil
 	}

@@ -55,6 +55,9 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
 		return nil, err
 	}
+	if s.audit, err = openAudit(cfg); err != nil {
+		return nil, err
+	}
 	// The reaper deletes expired sandboxes of every node, so it reads
 	// through an unscoped handle (its operations still belong to this replica).
 	reapStore := s.store
@@ -116,11 +119,11 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit,
 		Info: func() api.Info {
 			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes",
 				Egress: remoteEgress(remote, cfg.NodeTimeout)}
@@ -200,10 +203,11 @@ func (t *remoteTemplates) ListTemplates(ctx context.Context) ([]core.TemplateInf
 		if n.Kind != core.NodeKindNode || n.State != core.NodeReady {
 			continue
 		}
-		for _, name := range n.Templates {
-			if !seen[name] {
-				seen[name] = true
-				out = append(out, core.TemplateInfo{Name: name, Source: "node " + n.Name})
+		for _, ref := range n.Templates {
+			if !seen[ref] {
+				seen[ref] = true
+				project, name := core.SplitTemplateRef(ref)
+				out = append(out, core.TemplateInfo{Name: name, Public: project == "", Project: project, Source: "node " + n.Name})
 			}
 		}
 	}
@@ -211,11 +215,12 @@ func (t *remoteTemplates) ListTemplates(ctx context.Context) ([]core.TemplateInf
 	return out, nil
 }
 
-func (t *remoteTemplates) GetTemplate(ctx context.Context, name string) (core.TemplateInfo, error) {
-	if err := t.r.HasTemplate(ctx, name); err != nil {
+func (t *remoteTemplates) GetTemplate(ctx context.Context, ref string) (core.TemplateInfo, error) {
+	if err := t.r.HasTemplate(ctx, ref); err != nil {
 		return core.TemplateInfo{}, err
 	}
-	return core.TemplateInfo{Name: name}, nil
+	project, name := core.SplitTemplateRef(ref)
+	return core.TemplateInfo{Name: name, Public: project == "", Project: project}, nil
 }
 
 func (t *remoteTemplates) BuildTemplate(ctx context.Context, req core.TemplateBuildRequest, progress core.Progress) (core.TemplateInfo, error) {

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/space-sandbox/space/internal/audit"
 	"log"
 	"net"
 	"net/http"
@@ -87,6 +88,9 @@ type Config struct {
 	// TemplateReadyTimeout bounds a build's pre-warm: how long the ready
 	// check (READY) may take to pass (default 2 minutes).
 	TemplateReadyTimeout time.Duration
+	// AuditLog is where security decisions go as JSON lines: a file path
+	// ("" = DataDir/audit.log) or "-" for standard error.
+	AuditLog string
 }
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
@@ -132,6 +136,7 @@ type Server struct {
 	tm         *template.Manager
 	net        *egress.Network
 	creds      *credstore.Store
+	audit      *audit.Log
 	metrics    *http.Server
 	ctrl, data *http.Server
 	ctrlLn     net.Listener
@@ -417,6 +422,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
 		return nil, err
 	}
+	if s.audit, err = openAudit(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Egress != nil {
 		if s.net, err = openNetwork(cfg); err != nil {
 			return nil, err
@@ -502,11 +510,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// E2B compatibility: its REST paths (/sandboxes, /v2/sandboxes, ...) on
 	// the control listener, envd (routed by E2b-Sandbox-Id) on the data one.
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit})
 	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
+		Audit: s.audit,
 	}
 	if s.creds != nil {
 		apiOpts.Credentials = s.creds
@@ -644,4 +653,14 @@ func (s *Server) closeAll(ctx context.Context) {
 	if s.store != nil {
 		s.store.Close()
 	}
+	s.audit.Close()
+}
+
+// openAudit opens the audit log the config names.
+func openAudit(cfg Config) (*audit.Log, error) {
+	path := cfg.AuditLog
+	if path == "" {
+		path = filepath.Join(cfg.DataDir, "audit.log")
+	}
+	return audit.Open(path)
 }

@@ -42,8 +42,10 @@ type Templates struct {
 	started  map[string]string // sandbox id -> tree digest it was started on (this process)
 }
 
+// info describes a template as clients see it: by its name in its scope.
 func info(t template.Template) core.TemplateInfo {
-	ti := core.TemplateInfo{Name: t.Name, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
+	project, name := core.SplitTemplateRef(t.Name)
+	ti := core.TemplateInfo{Name: name, Public: project == "", Project: project, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
 		Files: t.Files, Env: t.Defaults.Env, Cwd: t.Defaults.Cwd, User: t.Defaults.User, Cmd: t.Defaults.Cmd, Ready: t.Defaults.Ready, CreatedAt: t.CreatedAt}
 	if t.Warm != nil {
 		ti.WarmSnapshot, ti.WarmProcesses = t.Warm.Snapshot, t.Warm.Processes
@@ -77,7 +79,7 @@ func (t *Templates) GetTemplate(ctx context.Context, name string) (core.Template
 		if why != "" {
 			return core.TemplateInfo{}, fmt.Errorf("template %q: its build failed at start (%s): %w", name, why, core.ErrNotFound)
 		}
-		return core.TemplateInfo{}, fmt.Errorf("template %q: %w", name, core.ErrNotFound)
+		return core.TemplateInfo{}, fmt.Errorf("template %q: %w", displayName(name), core.ErrNotFound)
 	}
 	if err != nil {
 		return core.TemplateInfo{}, err
@@ -122,6 +124,26 @@ func stageProgress(progress core.Progress) template.Progress {
 		}
 		progress(pct, msg)
 	}
+}
+
+// resolve maps a name a project uses (a build file's FROM) to the
+// template it means: the project's own, else the public one.
+func (t *Templates) resolve(projectID, name string) (string, bool) {
+	if !core.ValidTemplateName(name) {
+		return "", false
+	}
+	for _, ref := range []string{core.TemplateRef(projectID, name), name} {
+		if _, err := t.m.Get(ref); err == nil {
+			return ref, true
+		}
+	}
+	return "", false
+}
+
+// displayName is a template ref's name within its scope.
+func displayName(ref string) string {
+	_, name := core.SplitTemplateRef(ref)
+	return name
 }
 
 func (t *Templates) isBuilding(name string) bool {
@@ -176,7 +198,7 @@ type runtime struct {
 
 // StartSandbox starts sb cold and notes its tree for template GC.
 func (r *runtime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
-	r.t.noteStarted(sb.ID, sb.Template)
+	r.t.noteStarted(sb.ID, sb.TemplateKey())
 	return r.Node.StartSandbox(ctx, sb, progress)
 }
 
@@ -227,7 +249,9 @@ func (t *Templates) BuildFromFile(ctx context.Context, req api.BuildfileRequest,
 	if old, err := t.m.Get(req.Name); err == nil {
 		prev = &old
 	}
-	res, err := t.m.BuildFromFile(ctx, template.BuildfileRequest{Name: req.Name, File: req.File, Context: req.ContextDir, Runner: t.runner, LogDir: logDir},
+	scope, _ := core.SplitTemplateRef(req.Name)
+	res, err := t.m.BuildFromFile(ctx, template.BuildfileRequest{Name: req.Name, File: req.File, Context: req.ContextDir, Runner: t.runner, LogDir: logDir,
+		Resolve: func(from string) (string, bool) { return t.resolve(req.ProjectID, from) }, CacheScope: scope},
 		func(ev template.StepEvent) {
 			// Steps take 0–90% when a pre-warm follows, else 0–100%.
 			scale := 100
@@ -255,7 +279,7 @@ func (t *Templates) BuildFromFile(ctx context.Context, req api.BuildfileRequest,
 			progress(100, "prewarm: cached ("+w.Snapshot+")")
 			return out, nil
 		}
-		progress(90, "prewarm: starting a sandbox of "+req.Name)
+		progress(90, "prewarm: starting a sandbox of "+displayName(req.Name))
 		wr, tp, err := t.prewarm(ctx, req.ProjectID, res.Template, func(msg string) { progress(95, msg) })
 		if err != nil {
 			// No half-made template: the name goes back to what it was.
@@ -391,7 +415,7 @@ func (t *Templates) liveDigests(ctx context.Context) (map[string]bool, error) {
 				keep[d] = true
 				continue
 			}
-			tp, err := t.m.Get(sb.Template)
+			tp, err := t.m.Get(sb.TemplateKey())
 			if err != nil {
 				return nil, fmt.Errorf("sandbox %s uses template %q, which no longer has a name, and this server did not start it: run GC once it is deleted: %w", sb.ID, sb.Template, core.ErrConflict)
 			}
@@ -473,8 +497,8 @@ func (t *Templates) DeleteTemplate(ctx context.Context, name string) error {
 				return err
 			}
 			for _, sb := range list {
-				if sb.Template == name {
-					return fmt.Errorf("template %q is used by sandbox %s (%s): %w", name, sb.ID, sb.State, core.ErrConflict)
+				if sb.TemplateKey() == name {
+					return fmt.Errorf("template %q is used by sandbox %s (%s): %w", displayName(name), sb.ID, sb.State, core.ErrConflict)
 				}
 			}
 			if len(list) < 500 {

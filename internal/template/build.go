@@ -57,6 +57,12 @@ type BuildfileRequest struct {
 	// LogDir, if set, receives each RUN step's output as step-N.log (the
 	// first MaxStepLog bytes; failed steps too). It is created if missing.
 	LogDir string
+	// Resolve, if set, maps FROM's text to the local template it means
+	// (false: none, try it as a registry image). Without it FROM names a
+	// local template as it is.
+	Resolve func(from string) (string, bool)
+	// CacheScope separates step caches ("" = the shared, public scope).
+	CacheScope string
 }
 
 // StepLogPath is where BuildFromFile writes step n's log under logDir.
@@ -146,6 +152,10 @@ type stepKey struct {
 	Env     map[string]string `json:"env,omitempty"`
 	Cwd     string            `json:"cwd,omitempty"`
 	User    string            `json:"user,omitempty"`
+	// Scope keeps one project's step cache its own: a RUN that made a
+	// secret, or a COPY of private files, is never another project's
+	// cache hit (nor a probe of what another project built).
+	Scope string `json:"scope,omitempty"`
 }
 
 // BuildFromFile builds req.File step by step. Every RUN and COPY step is a
@@ -193,7 +203,7 @@ func (m *Manager) BuildFromFile(ctx context.Context, req BuildfileRequest, event
 	fromText := short("FROM " + bf.From)
 	t0 := time.Now()
 	events(StepEvent{Step: 1, Steps: steps, Instruction: fromText, State: StepRunning})
-	base, err := m.resolveBase(ctx, bf.From)
+	base, err := m.resolveBase(ctx, bf.From, req.Resolve)
 	if err != nil {
 		return res, fmt.Errorf("step 1 (%s): %w", fromText, err)
 	}
@@ -228,7 +238,7 @@ func (m *Manager) BuildFromFile(ctx context.Context, req BuildfileRequest, event
 			continue
 		}
 		key := stepKey{Builder: builderVersion, Parent: layer, Kind: in.Kind, Shell: in.Shell, Argv: in.Argv,
-			Srcs: in.Srcs, Dest: in.Dest, Env: cfg.Env, Cwd: cfg.Cwd, User: cfg.User}
+			Srcs: in.Srcs, Dest: in.Dest, Env: cfg.Env, Cwd: cfg.Cwd, User: cfg.User, Scope: req.CacheScope}
 		if in.Kind == InstrCopy {
 			if ctxRoot == nil {
 				return res, fmt.Errorf("step %d (%s): %w: COPY needs a build context", p.n, p.text, ErrInvalid)
@@ -356,9 +366,13 @@ type baseLayer struct {
 
 // resolveBase resolves FROM: a local template by name, else a registry
 // image (planned like source "image" but without a name of its own).
-func (m *Manager) resolveBase(ctx context.Context, from string) (baseLayer, error) {
-	if validateName(from) == nil {
-		if t, err := m.Get(from); err == nil {
+func (m *Manager) resolveBase(ctx context.Context, from string, resolve func(string) (string, bool)) (baseLayer, error) {
+	local, ok := from, validateName(from) == nil
+	if resolve != nil {
+		local, ok = resolve(from)
+	}
+	if ok {
+		if t, err := m.Get(local); err == nil {
 			return baseLayer{digest: t.Digest, defaults: copyDefaults(t.Defaults), close: func() {},
 				ensure: func(context.Context) (bool, error) {
 					if _, err := os.Lstat(t.RootfsDir); err != nil {

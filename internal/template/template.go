@@ -299,8 +299,10 @@ func (m *Manager) cleanTmp() error {
 	return nil
 }
 
-// A name may carry a tag ("py:3.12"); name and tag are one opaque key.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$`)
+// A name may carry a tag ("py:3.12"); name and tag are one opaque key. A
+// "~scope~" prefix puts the name in one project's scope (the server's
+// template refs); the manager treats the whole ref as the key.
+var nameRE = regexp.MustCompile(`^(~[a-z0-9_-]{1,64}~)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$`)
 
 func validateName(name string) error {
 	if !nameRE.MatchString(name) {

@@ -145,7 +145,11 @@ type SandboxPage struct {
 
 // TemplateInfo describes a built template.
 type TemplateInfo struct {
-	Name      string            `json:"name"`
+	Name string `json:"name"`
+	// Public templates (builtins, operator-published) are read-only to
+	// project keys; the others belong to Project.
+	Public    bool              `json:"public"`
+	Project   string            `json:"project,omitempty"`
 	Digest    string            `json:"digest"`
 	Source    string            `json:"source"`
 	SizeBytes int64             `json:"size_bytes"`
@@ -175,6 +179,8 @@ type TemplateBuildRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Cwd      string            `json:"cwd,omitempty"`
 	User     string            `json:"user,omitempty"`
+	// Public publishes the template to every project (admin keys only).
+	Public bool `json:"public,omitempty"`
 }
 
 // APIKey is an API key's record; the secret is only shown by CreateKey.
@@ -182,6 +188,7 @@ type APIKey struct {
 	ID        string     `json:"id"`
 	ProjectID string     `json:"project_id"`
 	Name      string     `json:"name"`
+	Admin     bool       `json:"admin,omitempty"` // an operator's key
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 }

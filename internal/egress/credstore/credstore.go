@@ -268,6 +268,25 @@ func (s *Store) GetCredential(ctx context.Context, projectID, id string) (core.C
 	return rec.Credential, err
 }
 
+// CredentialOwner returns the project that owns credential id ("" if none),
+// for the audit log of refused cross-project access.
+func (s *Store) CredentialOwner(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ValidID(id) {
+		return ""
+	}
+	data, err := os.ReadFile(s.path(id))
+	if err != nil {
+		return ""
+	}
+	var rec record
+	if json.Unmarshal(data, &rec) != nil || rec.ID != id {
+		return ""
+	}
+	return rec.ProjectID
+}
+
 // DeleteCredential removes a credential; sandboxes it is attached to stop
 // getting it at once.
 func (s *Store) DeleteCredential(ctx context.Context, projectID, id string) error {

@@ -47,6 +47,8 @@ CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 CREATE TABLE IF NOT EXISTS nodes (
   name TEXT COLLATE "C" PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at BIGINT NOT NULL, doc TEXT NOT NULL);
 `,
+		// 3: operator (admin) keys.
+		`ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS admin BOOLEAN NOT NULL DEFAULT false;`,
 	}
 }
 

@@ -132,8 +132,8 @@ func (s *Store) PutMetaIfAbsent(ctx context.Context, key string, val []byte) ([]
 
 // CreateAPIKey stores a key.
 func (s *Store) CreateAPIKey(ctx context.Context, k core.APIKey) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys(id,project_id,name,hash,created_at,revoked_at) VALUES($1,$2,$3,$4,$5,$6)`,
-		k.ID, k.ProjectID, k.Name, k.Hash, k.CreatedAt.UnixNano(), nullTime(k.RevokedAt))
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys(id,project_id,name,hash,created_at,revoked_at,admin) VALUES($1,$2,$3,$4,$5,$6,$7)`,
+		k.ID, k.ProjectID, k.Name, k.Hash, k.CreatedAt.UnixNano(), nullTime(k.RevokedAt), k.Admin)
 	if err != nil {
 		return fmt.Errorf("create api key: %w", err)
 	}
@@ -144,7 +144,7 @@ func scanKey(row pgx.Row) (core.APIKey, error) {
 	var k core.APIKey
 	var created int64
 	var revoked *int64
-	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Hash, &created, &revoked); err != nil {
+	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Hash, &created, &revoked, &k.Admin); err != nil {
 		return k, err
 	}
 	k.CreatedAt = time.Unix(0, created).UTC()
@@ -157,7 +157,7 @@ func scanKey(row pgx.Row) (core.APIKey, error) {
 
 // GetAPIKey returns a key by id.
 func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
-	k, err := scanKey(s.pool.QueryRow(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys WHERE id=$1`, id))
+	k, err := scanKey(s.pool.QueryRow(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys WHERE id=$1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return k, fmt.Errorf("api key: %w", core.ErrNotFound)
 	}
@@ -169,7 +169,7 @@ func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
 
 // ListAPIKeys lists the keys of a project ("" = all projects).
 func (s *Store) ListAPIKeys(ctx context.Context, projectID string) ([]core.APIKey, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys
+	rows, err := s.pool.Query(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys
 		WHERE $1='' OR project_id=$1 ORDER BY created_at, id`, projectID)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
@@ -423,7 +423,7 @@ func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]core.San
 // insertOp inserts op; with an idempotency key already used in the project
 // it inserts nothing and returns false.
 func (s *Store) insertOp(ctx context.Context, q querier, op core.Operation, idemKey string) (bool, error) {
-	doc, err := json.Marshal(op)
+	doc, err := core.EncodeOperation(op)
 	if err != nil {
 		return false, fmt.Errorf("encode operation: %w", err)
 	}
@@ -437,8 +437,8 @@ func (s *Store) insertOp(ctx context.Context, q querier, op core.Operation, idem
 }
 
 func decodeOp(doc string) (core.Operation, error) {
-	var op core.Operation
-	if err := json.Unmarshal([]byte(doc), &op); err != nil {
+	op, err := core.DecodeOperation([]byte(doc))
+	if err != nil {
 		return op, fmt.Errorf("decode operation: %w", err)
 	}
 	return op, nil
@@ -473,7 +473,7 @@ func (s *Store) GetOperation(ctx context.Context, projectID, id string) (core.Op
 
 // UpdateOperation overwrites an operation's record.
 func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
-	doc, err := json.Marshal(op)
+	doc, err := core.EncodeOperation(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}

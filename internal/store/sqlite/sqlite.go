@@ -82,7 +82,35 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
 	}
+	if err := addColumn(ctx, db, "api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
+	}
 	return &Store{db: db}, nil
+}
+
+// addColumn adds a column to a table made by an older schema (SQLite has no
+// ADD COLUMN IF NOT EXISTS).
+func addColumn(ctx context.Context, db *sql.DB, table, col, def string) error {
+	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return err
+		}
+		if name == col {
+			return nil
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	_, err = db.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN `+col+` `+def)
+	return err
 }
 
 // Close closes the database.
@@ -120,8 +148,8 @@ func (s *Store) PutMetaIfAbsent(ctx context.Context, key string, val []byte) ([]
 
 // CreateAPIKey stores a key.
 func (s *Store) CreateAPIKey(ctx context.Context, k core.APIKey) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,project_id,name,hash,created_at,revoked_at) VALUES(?,?,?,?,?,?)`,
-		k.ID, k.ProjectID, k.Name, k.Hash, unixNano(k.CreatedAt), nullTime(k.RevokedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id,project_id,name,hash,created_at,revoked_at,admin) VALUES(?,?,?,?,?,?,?)`,
+		k.ID, k.ProjectID, k.Name, k.Hash, unixNano(k.CreatedAt), nullTime(k.RevokedAt), k.Admin)
 	if err != nil {
 		return fmt.Errorf("create api key: %w", err)
 	}
@@ -132,7 +160,7 @@ func scanKey(row interface{ Scan(...any) error }) (core.APIKey, error) {
 	var k core.APIKey
 	var created int64
 	var revoked sql.NullInt64
-	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Hash, &created, &revoked); err != nil {
+	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Hash, &created, &revoked, &k.Admin); err != nil {
 		return k, err
 	}
 	k.CreatedAt = time.Unix(0, created).UTC()
@@ -145,7 +173,7 @@ func scanKey(row interface{ Scan(...any) error }) (core.APIKey, error) {
 
 // GetAPIKey returns a key by id.
 func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys WHERE id=?`, id))
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, fmt.Errorf("api key: %w", core.ErrNotFound)
 	}
@@ -157,7 +185,7 @@ func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
 
 // ListAPIKeys lists the keys of a project ("" = all projects).
 func (s *Store) ListAPIKeys(ctx context.Context, projectID string) ([]core.APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at FROM api_keys WHERE ?='' OR project_id=? ORDER BY created_at`, projectID, projectID)
+	rows, err := s.db.QueryContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys WHERE ?='' OR project_id=? ORDER BY created_at`, projectID, projectID)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
@@ -363,7 +391,7 @@ type execer interface {
 }
 
 func insertOp(ctx context.Context, x execer, op core.Operation, idemKey string) error {
-	doc, err := json.Marshal(op)
+	doc, err := core.EncodeOperation(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
@@ -392,8 +420,8 @@ func getOp(ctx context.Context, x execer, projectID, id, idemKey string) (core.O
 	if err != nil {
 		return core.Operation{}, fmt.Errorf("get operation: %w", err)
 	}
-	var op core.Operation
-	if err := json.Unmarshal([]byte(doc), &op); err != nil {
+	op, err := core.DecodeOperation([]byte(doc))
+	if err != nil {
 		return op, fmt.Errorf("decode operation: %w", err)
 	}
 	return op, nil
@@ -431,7 +459,7 @@ func (s *Store) GetOperation(ctx context.Context, projectID, id string) (core.Op
 
 // UpdateOperation overwrites an operation's record.
 func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
-	doc, err := json.Marshal(op)
+	doc, err := core.EncodeOperation(op)
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
@@ -458,8 +486,8 @@ func (s *Store) UnfinishedOperations(ctx context.Context) ([]core.Operation, err
 		if err := rows.Scan(&doc); err != nil {
 			return nil, fmt.Errorf("scan operation: %w", err)
 		}
-		var op core.Operation
-		if err := json.Unmarshal([]byte(doc), &op); err != nil {
+		op, err := core.DecodeOperation([]byte(doc))
+		if err != nil {
 			return nil, fmt.Errorf("decode operation: %w", err)
 		}
 		out = append(out, op)
