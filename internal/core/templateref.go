@@ -1,9 +1,6 @@
 package core
 
-import (
-	"regexp"
-	"strings"
-)
+import "regexp"
 
 // Templates belong to a scope: public (builtins and what an operator
 // publishes) or one project. Nodes know a template by its ref: a public
@@ -50,6 +47,3 @@ func (s Snapshot) TemplateKey() string {
 	}
 	return s.Template
 }
-
-// publicTemplate reports whether ref names a public template.
-func publicTemplate(ref string) bool { return !strings.HasPrefix(ref, "~") }
