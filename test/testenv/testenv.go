@@ -167,9 +167,11 @@ func (s *Server) LogTail(n int) string {
 	return string(log)
 }
 
-// CreateKey makes an API key for a project with `space keys create`.
-func (s *Server) CreateKey(project string) (string, error) {
-	out, err := exec.Command(s.Bin, "keys", "create", "--data-dir", s.DataDir, "--project", project).Output()
+// CreateKey makes an API key for a project with `space keys create`;
+// extra flags (e.g. "--admin") are passed on.
+func (s *Server) CreateKey(project string, extra ...string) (string, error) {
+	args := append([]string{"keys", "create", "--data-dir", s.DataDir, "--project", project}, extra...)
+	out, err := exec.Command(s.Bin, args...).Output()
 	if err != nil {
 		return "", fmt.Errorf("keys create: %w", err)
 	}
