@@ -47,7 +47,8 @@ func startPrivateServer(t *testing.T) *server {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	key, err := srv.CreateKey("p1")
+	// An operator key: these tests also publish templates and run GC.
+	key, err := srv.CreateKey("p1", "--admin")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,8 @@ START /bin/sh -c '[ -f /srv/state/stamp ] || { cat /proc/sys/kernel/random/uuid 
 READY test -f /srv/state/ready
 `
 	t0 := time.Now()
-	_, last, res := s.build(t, "warm-"+suffix, file, "")
+	// Published (an admin key, public=true), so other projects may use it.
+	_, last, res := s.build(t, "warm-"+suffix+"&public=true", file, "")
 	if last.State != "succeeded" {
 		t.Fatalf("build: %+v %+v", last.Error, last)
 	}
@@ -197,8 +199,8 @@ READY test -f /srv/state/ready
 	if stamps[0] != stamps[1] {
 		t.Errorf("sandboxes saw different stamps (not from one snapshot): %v", stamps)
 	}
-	// Another project's sandboxes start from it too (the snapshot record
-	// stays the builder's).
+	// Another project's sandboxes start from the public template too (the
+	// snapshot record stays the builder's).
 	key2, err := s.CreateKey("p2")
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +222,7 @@ READY test -f /srv/state/ready
 	}
 
 	// A rebuild with unchanged inputs keeps the warm snapshot.
-	_, last, res2 := s.build(t, "warm-"+suffix, file, "")
+	_, last, res2 := s.build(t, "warm-"+suffix+"&public=true", file, "")
 	if last.State != "succeeded" || res2.Warm == nil || !res2.Warm.Cached || res2.Warm.Snapshot != res.Warm.Snapshot {
 		t.Errorf("rebuild: %+v %+v", last.Error, res2.Warm)
 	}
