@@ -929,6 +929,7 @@ func templateBuild(args []string) error {
 	fs.String("tag", "", "same as -t")
 	fs.Bool("no-context", false, "with -f: send no build context")
 	fs.Bool("logs", false, "with -f: after the build, print the full log of every RUN step that ran")
+	public := fs.Bool("public", false, "publish the template to every project (needs an admin key; --source and --image builds, and -f)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -979,6 +980,9 @@ func templateBuild(args []string) error {
 	}
 	var op client.Operation
 	if *archive != "" {
+		if *public {
+			return errors.New("--public does not apply to --archive uploads yet")
+		}
 		if len(env) > 0 || *cwd != "" || *user != "" {
 			return errors.New("--archive takes its env, cwd and user from the image config")
 		}
@@ -993,7 +997,7 @@ func templateBuild(args []string) error {
 		}
 	} else {
 		op, err = c.BuildTemplate(ctx, client.TemplateBuildRequest{Name: name, Source: *source, Packages: pkgs,
-			Image: *image, Env: env, Cwd: *cwd, User: *user}, *idem)
+			Image: *image, Env: env, Cwd: *cwd, User: *user, Public: *public}, *idem)
 		if err != nil {
 			return err
 		}

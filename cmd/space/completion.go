@@ -47,7 +47,7 @@ var completionTable = map[string]completionVerb{
 	"template logs":     {client: true, flags: []string{"--step"}},
 	"template gc":       {client: true},
 	"template build": {client: true, flags: []string{"--source", "--packages", "--env", "--cwd", "--user", "--wait", "--idempotency-key",
-		"--dir", "--tar", "--image", "--archive", "--data-dir", "--uid-base", "-f", "--file", "-t", "--tag", "--no-context", "--logs"}},
+		"--dir", "--tar", "--image", "--archive", "--data-dir", "--uid-base", "-f", "--file", "-t", "--tag", "--no-context", "--logs", "--public"}},
 	"ops get":     {client: true, flags: []string{"--wait"}},
 	"ops watch":   {client: true},
 	"logs":        {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},

@@ -45,6 +45,7 @@ func templateBuildFile(args []string) error {
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
 	noContext := fs.Bool("no-context", false, "send no build context (a build file without COPY)")
 	showLogs := fs.Bool("logs", false, "after the build, print the full log of every RUN step that ran")
+	public := fs.Bool("public", false, "publish the template to every project (needs an admin key)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -90,7 +91,11 @@ func templateBuildFile(args []string) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	op, err := c.BuildTemplateFile(ctx, name, bf, ctxTar, *idem)
+	build := c.BuildTemplateFile
+	if *public {
+		build = c.PublishTemplateFile
+	}
+	op, err := build(ctx, name, bf, ctxTar, *idem)
 	if err != nil {
 		return err
 	}

@@ -97,6 +97,16 @@ func (c *Client) GCTemplates(ctx context.Context) ([]string, error) {
 // build context that COPY reads (see WriteContextTar); it is streamed, not
 // buffered. name may carry a tag ("py:3.12").
 func (c *Client) BuildTemplateFile(ctx context.Context, name string, buildfile []byte, contextTar io.Reader, idemKey string) (Operation, error) {
+	return c.buildTemplateFile(ctx, name, buildfile, contextTar, idemKey, false)
+}
+
+// PublishTemplateFile is BuildTemplateFile for a public template, one every
+// project may use (admin keys only; a project key gets 403).
+func (c *Client) PublishTemplateFile(ctx context.Context, name string, buildfile []byte, contextTar io.Reader, idemKey string) (Operation, error) {
+	return c.buildTemplateFile(ctx, name, buildfile, contextTar, idemKey, true)
+}
+
+func (c *Client) buildTemplateFile(ctx context.Context, name string, buildfile []byte, contextTar io.Reader, idemKey string, public bool) (Operation, error) {
 	var res struct {
 		Operation Operation `json:"operation"`
 	}
@@ -129,7 +139,11 @@ func (c *Client) BuildTemplateFile(ctx context.Context, name string, buildfile [
 		h = http.Header{}
 	}
 	h.Set("Content-Type", mw.FormDataContentType())
-	_, err := c.r.do(ctx, request{method: http.MethodPost, url: c.base + "/v1/templates/build?name=" + url.QueryEscape(name),
+	u := c.base + "/v1/templates/build?name=" + url.QueryEscape(name)
+	if public {
+		u += "&public=true"
+	}
+	_, err := c.r.do(ctx, request{method: http.MethodPost, url: u,
 		header: h, body: pr, out: &res, noTimeout: true})
 	pr.CloseWithError(io.ErrClosedPipe) // unblocks the writer if the server answered early
 	return res.Operation, err
