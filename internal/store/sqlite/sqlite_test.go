@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
@@ -51,5 +52,33 @@ func TestFileMode(t *testing.T) {
 		if st.Mode().Perm()&0o077 != 0 {
 			t.Errorf("%s has mode %v: readable by others", p, st.Mode().Perm())
 		}
+	}
+}
+
+// A store made before admin keys existed opens, and its keys are project
+// keys.
+func TestMigrateAdminColumn(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE api_keys (id TEXT PRIMARY KEY, project_id TEXT NOT NULL, name TEXT NOT NULL, hash BLOB NOT NULL,
+  created_at INTEGER NOT NULL, revoked_at INTEGER);
+INSERT INTO api_keys VALUES('old','p1','n',x'01',1,NULL);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	for i := 0; i < 2; i++ { // the second open finds the column already there
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := s.GetAPIKey(ctx, "old")
+		if err != nil || k.ProjectID != "p1" || k.Admin {
+			t.Fatalf("old key after migration: %+v %v", k, err)
+		}
+		s.Close()
 	}
 }
