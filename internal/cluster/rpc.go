@@ -112,7 +112,7 @@ func NewHandler(b Backend, v *Verifier, logf func(string, ...any)) http.Handler 
 		if err := decode(body, &r); err != nil {
 			return nil, err
 		}
-		if r.Name == "" || len(r.Name) > 140 {
+		if r.Name == "" || len(r.Name) > 200 { // a ref: "~project~name:tag"
 			return nil, fmt.Errorf("template name: %w", core.ErrInvalid)
 		}
 		return okResp{true}, h.b.HasTemplate(ctx, r.Name)
