@@ -7,6 +7,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -77,8 +78,9 @@ type Credentials interface {
 
 // Server is the control API handler.
 type Server struct {
-	o   Options
-	mux *http.ServeMux
+	o    Options
+	mux  *http.ServeMux
+	edge http.Handler // mux behind the request media-type check
 }
 
 type route struct {
@@ -167,6 +169,13 @@ func New(o Options) *Server {
 		})
 	}
 	s.mux.HandleFunc("/", httpx.NotFound)
+	// Request bodies must have the media types openapi.json gives each
+	// route (415 otherwise); no Content-Type is read as JSON.
+	edge, err := httpx.ContentTypes(openapiDoc, s.mux, s.mux)
+	if err != nil {
+		panic(err) // the embedded document; its tests parse it
+	}
+	s.edge = edge
 	return s
 }
 
@@ -177,7 +186,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := audit.RequestIDFrom(r.Header.Get("X-Request-Id"))
 	w.Header().Set("X-Request-Id", id)
 	r = r.WithContext(audit.WithRequestID(r.Context(), id))
-	httpx.Recover(s.mux, s.o.Logf).ServeHTTP(w, r)
+	httpx.Recover(s.edge, s.o.Logf).ServeHTTP(w, r)
 }
 
 // audit records a decision about one object.
@@ -739,7 +748,7 @@ func allProjects(r *http.Request, p auth.Principal) (bool, error) {
 // else the public one. It returns the template's ref (see core.TemplateRef).
 func (s *Server) lookupTemplate(ctx context.Context, p auth.Principal, name string) (string, core.TemplateInfo, error) {
 	if !taggedNameRE.MatchString(name) {
-		return "", core.TemplateInfo{}, httpx.Errorf(http.StatusNotFound, "not_found", "no template %.64q", name)
+		return "", core.TemplateInfo{}, httpx.Errorf(http.StatusBadRequest, "invalid_argument", "template %s (got %.64q)", buildNameRuleText, name)
 	}
 	own := core.TemplateRef(p.ProjectID, name)
 	t, err := s.o.Templates.GetTemplate(ctx, own)
@@ -828,6 +837,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 		return err
 	}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", req.Name)
+	op.Fingerprint = core.Fingerprint(r.Method, r.URL.Path, req)
 	op, err = s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
 		breq := req
 		breq.Name = ref
@@ -862,7 +872,8 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		return fmt.Errorf("template upload: %w", err)
 	}
 	path := f.Name()
-	_, err = io.Copy(f, http.MaxBytesReader(w, r.Body, maxTemplateUpload))
+	sum := sha256.New() // the archive's, for the idempotency fingerprint
+	_, err = io.Copy(io.MultiWriter(f, sum), http.MaxBytesReader(w, r.Body, maxTemplateUpload))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -876,6 +887,7 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 	}
 	req := core.TemplateBuildRequest{Name: ref, Source: "archive", Path: path}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
+	op.Fingerprint = core.Fingerprint(r.Method, r.URL.Path, r.URL.Query(), sum.Sum(nil))
 	got, err := s.o.Engine.Submit(r.Context(), op, r.Header.Get("Idempotency-Key"), func(ctx context.Context, progress core.Progress) (any, error) {
 		defer os.Remove(path)
 		t, err := s.o.Templates.BuildTemplate(ctx, req, progress)
@@ -982,7 +994,7 @@ func (s *Server) checkCredentials(ctx context.Context, projectID string, n *core
 		return nil
 	}
 	if s.o.Credentials == nil {
-		return httpx.Errorf(http.StatusServiceUnavailable, "unavailable", "credentials need the egress gateway (space server --egress)")
+		return errNoCredentials()
 	}
 	for _, id := range n.Credentials {
 		if _, err := s.o.Credentials.GetCredential(ctx, projectID, id); err != nil {
@@ -995,9 +1007,16 @@ func (s *Server) checkCredentials(ctx context.Context, projectID string, n *core
 	return nil
 }
 
+// errNoCredentials answers a request for credentials on a server without
+// the egress gateway, the only place they can be used.
+func errNoCredentials() error {
+	return httpx.Errorf(http.StatusBadRequest, "egress_disabled",
+		"credentials need the egress gateway, and this server runs without it (start it with space server --egress; servers with --remote-nodes keep no credentials yet)")
+}
+
 func (s *Server) credentials() (Credentials, error) {
 	if s.o.Credentials == nil {
-		return nil, httpx.Errorf(http.StatusServiceUnavailable, "unavailable", "credentials need the egress gateway (space server --egress)")
+		return nil, errNoCredentials()
 	}
 	return s.o.Credentials, nil
 }

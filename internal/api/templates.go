@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -106,6 +107,7 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 	var file []byte
 	haveContext := false
 	for {
+	contextSum := sha256.New() // the context's, for the idempotency fingerprint
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
 			break
@@ -136,7 +138,7 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "more than one context part")
 			}
 			haveContext = true
-			if err := a.ExtractContext(r.Context(), part, dir); err != nil {
+			if err := a.ExtractContext(r.Context(), io.TeeReader(part, contextSum), dir); err != nil {
 				var mbe *http.MaxBytesError
 				if errors.As(err, &mbe) {
 					return httpx.Errorf(http.StatusRequestEntityTooLarge, "body_too_large", "build context larger than %d bytes", int64(maxBuildContext))
@@ -153,6 +155,7 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 	}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
 	req := BuildfileRequest{Name: ref, File: file, ProjectID: p.ProjectID, OpID: op.ID}
+	op.Fingerprint = core.Fingerprint(r.Method, r.URL.Path, r.URL.Query(), file, haveContext, contextSum.Sum(nil))
 	if haveContext {
 		req.ContextDir = dir
 	}

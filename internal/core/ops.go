@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,20 +48,80 @@ func NewEngine(ctx context.Context, store Store, broker *Broker, now func() time
 	return &Engine{store: store, broker: broker, now: now, logf: logf, ctx: ctx, cancel: cancel}
 }
 
-// NewOperation returns a pending operation record (not yet stored).
+// NewOperation returns a pending operation record (not yet stored). Its
+// fingerprint is (kind, target): a request whose operation acts on a new
+// object (a create), or that carries a body, sets its own.
 func (e *Engine) NewOperation(projectID, kind, target string) Operation {
 	t := e.now().UTC()
 	return Operation{ID: NewID("op-"), ProjectID: projectID, Kind: kind, Target: target,
-		State: OpPending, CreatedAt: t, UpdatedAt: t}
+		State: OpPending, CreatedAt: t, UpdatedAt: t, Fingerprint: Fingerprint(kind, target)}
 }
 
-// Submit stores op (pending) and runs fn in the background.
+// Fingerprint is the sha256 (hex) of parts, each in its JSON form: what
+// identifies a request for idempotency (its kind, its target, its decoded
+// body). Retrying with the same Idempotency-Key must give the same one.
+func Fingerprint(parts ...any) string {
+	h := sha256.New()
+	for _, p := range parts {
+		b, err := json.Marshal(p)
+		if err != nil {
+			b = []byte(fmt.Sprintf("%#v", p))
+		}
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// CheckReplay is the idempotency rule for an operation a store did not
+// create because its key was taken by stored: the same request replays
+// stored; another one is ErrIdempotencyReused. Operations stored before
+// fingerprints existed replay as they did.
+func CheckReplay(stored, op Operation) error {
+	if stored.Fingerprint != "" && op.Fingerprint != "" && stored.Fingerprint != op.Fingerprint {
+		return fmt.Errorf("%w: it was first used for %s %s (operation %s); use a new key for a new request",
+			ErrIdempotencyReused, stored.Kind, stored.Target, stored.ID)
+	}
+	return nil
+}
+
+// storedOperation is an operation as stores keep it: the record clients
+// see plus its fingerprint.
+type storedOperation struct {
+	Operation
+	Fingerprint string `json:"fingerprint,omitempty"`
+}
+
+// EncodeOperation is the document a store keeps for op.
+func EncodeOperation(op Operation) ([]byte, error) {
+	return json.Marshal(storedOperation{Operation: op, Fingerprint: op.Fingerprint})
+}
+
+// DecodeOperation reads a document written by EncodeOperation (or by a
+// json.Marshal of an Operation, before fingerprints).
+func DecodeOperation(doc []byte) (Operation, error) {
+	var so storedOperation
+	if err := json.Unmarshal(doc, &so); err != nil {
+		return Operation{}, err
+	}
+	so.Operation.Fingerprint = so.Fingerprint
+	return so.Operation, nil
+}
+
+// Submit stores op (pending) and runs fn in the background. With an
+// idempotency key already used, it returns the first operation (the same
+// request) or ErrIdempotencyReused (another one), and runs nothing.
 func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn OpFunc) (Operation, error) {
 	stored, created, err := e.store.CreateOperation(ctx, op, idemKey)
 	if err != nil {
 		return op, err
 	}
 	if !created {
+		if err := CheckReplay(stored, op); err != nil {
+			return op, err
+		}
 		return stored, nil
 	}
 	e.Start(stored, fn)
@@ -197,6 +259,10 @@ func ErrorCode(err error) string {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return "not_found"
+	case errors.Is(err, ErrEgressDisabled):
+		return "egress_disabled"
+	case errors.Is(err, ErrIdempotencyReused):
+		return "idempotency_key_reused"
 	case errors.Is(err, ErrConflict):
 		return "conflict"
 	case errors.Is(err, ErrInvalid):

@@ -54,8 +54,9 @@ type Options struct {
 
 // Server is the data-plane handler.
 type Server struct {
-	o   Options
-	mux *http.ServeMux
+	o    Options
+	mux  *http.ServeMux
+	edge http.Handler // mux behind the request media-type check
 }
 
 type handler func(s *Server, w http.ResponseWriter, r *http.Request, sb *node.Sandbox) error
@@ -118,12 +119,20 @@ func New(o Options) *Server {
 		w.Write(openapiDoc)
 	})
 	s.mux.HandleFunc("/", httpx.NotFound)
+	// Request bodies must have the media types openapi.json gives each
+	// route (415 otherwise): JSON routes take application/json (or no
+	// Content-Type), file and stdin bodies any type but multipart.
+	edge, err := httpx.ContentTypes(openapiDoc, s.mux, s.mux)
+	if err != nil {
+		panic(err) // the embedded document; its tests parse it
+	}
+	s.edge = edge
 	return s
 }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	httpx.Recover(s.mux, s.o.Logf).ServeHTTP(w, r)
+	httpx.Recover(s.edge, s.o.Logf).ServeHTTP(w, r)
 }
 
 func (s *Server) authorize(r *http.Request) (*node.Sandbox, error) {

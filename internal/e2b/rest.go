@@ -245,6 +245,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) error 
 
 // newSandboxReq is NewSandbox (v1) and NewSandboxV2.
 type newSandboxReq struct {
+	// As lenient as the SDKs need (they send application/json; a body
+	// without a Content-Type is read as JSON too), and no more: 415.
+	if err := httpx.CheckContentType(r.Header.Get("Content-Type"), []string{"application/json"}); err != nil {
+		return err
+	}
 	TemplateID string            `json:"templateID"`
 	Timeout    *int64            `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`

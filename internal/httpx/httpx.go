@@ -45,6 +45,10 @@ func StatusOf(err error) (int, string, string) {
 		return http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("request body larger than %d bytes", mbe.Limit)
 	case errors.Is(err, core.ErrNotFound):
 		return http.StatusNotFound, "not_found", err.Error()
+	case errors.Is(err, core.ErrEgressDisabled):
+		return http.StatusBadRequest, "egress_disabled", err.Error()
+	case errors.Is(err, core.ErrIdempotencyReused):
+		return http.StatusUnprocessableEntity, "idempotency_key_reused", err.Error()
 	case errors.Is(err, core.ErrInvalid):
 		return http.StatusBadRequest, "invalid_argument", err.Error()
 	case errors.Is(err, core.ErrConflict):

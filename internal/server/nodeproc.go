@@ -22,6 +22,7 @@ import (
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
+	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/template"
 )
@@ -360,8 +361,8 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf})
-	p.data = &http.Server{Handler: envd.Wrap(dataplane.New(dataplane.Options{Node: p.node, Sessions: sessions, Logf: cfg.Logf})),
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	p.data = &http.Server{Handler: httpx.Limits(envd.Wrap(dataplane.New(dataplane.Options{Node: p.node, Sessions: sessions, Logf: cfg.Logf}))),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	for _, s := range []struct {
 		srv *http.Server
 		ln  net.Listener
@@ -370,7 +371,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := s.srv.Serve(httpx.Listener(s.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cfg.Logf("serve %s: %v", s.ln.Addr(), err)
 			}
 		}()

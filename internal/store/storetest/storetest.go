@@ -18,6 +18,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, newStore(t)) })
 	t.Run("SandboxOps", func(t *testing.T) { testSandboxOps(t, newStore(t)) })
 	t.Run("Idempotency", func(t *testing.T) { testIdempotency(t, newStore(t)) })
+	t.Run("IdempotencyFingerprint", func(t *testing.T) { testFingerprint(t, newStore(t)) })
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
