@@ -106,8 +106,8 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 	}()
 	var file []byte
 	haveContext := false
-	for {
 	contextSum := sha256.New() // the context's, for the idempotency fingerprint
+	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
 			break
@@ -154,8 +154,8 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 		return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "missing the buildfile part")
 	}
 	op := s.o.Engine.NewOperation(p.ProjectID, "template.build", name)
-	req := BuildfileRequest{Name: ref, File: file, ProjectID: p.ProjectID, OpID: op.ID}
 	op.Fingerprint = core.Fingerprint(r.Method, r.URL.Path, r.URL.Query(), file, haveContext, contextSum.Sum(nil))
+	req := BuildfileRequest{Name: ref, File: file, ProjectID: p.ProjectID, OpID: op.ID}
 	if haveContext {
 		req.ContextDir = dir
 	}

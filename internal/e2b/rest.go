@@ -233,6 +233,11 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) error 
 		}
 		return nil
 	}
+	// As lenient as the SDKs need (they send application/json; a body
+	// without a Content-Type is read as JSON too), and no more: 415.
+	if err := httpx.CheckContentType(r.Header.Get("Content-Type"), []string{"application/json"}); err != nil {
+		return err
+	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) {
@@ -245,11 +250,6 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) error 
 
 // newSandboxReq is NewSandbox (v1) and NewSandboxV2.
 type newSandboxReq struct {
-	// As lenient as the SDKs need (they send application/json; a body
-	// without a Content-Type is read as JSON too), and no more: 415.
-	if err := httpx.CheckContentType(r.Header.Get("Content-Type"), []string{"application/json"}); err != nil {
-		return err
-	}
 	TemplateID string            `json:"templateID"`
 	Timeout    *int64            `json:"timeout"`
 	Metadata   map[string]string `json:"metadata"`
