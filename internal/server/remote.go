@@ -15,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/store/postgres"
 )
 
@@ -129,11 +130,11 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 				Egress: remoteEgress(remote, cfg.NodeTimeout)}
 		},
 	}
-	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	s.ctrl = &http.Server{Handler: httpx.Limits(e2bAPI.Wrap(api.New(apiOpts))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()
-		if err := s.ctrl.Serve(s.ctrlLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.ctrl.Serve(httpx.Listener(s.ctrlLn)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			cfg.Logf("serve %s: %v", s.ctrlLn.Addr(), err)
 		}
 	}()

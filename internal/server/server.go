@@ -32,6 +32,7 @@ import (
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/egress/credstore"
+	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/netns"
 	"github.com/space-sandbox/space/internal/node"
 	"github.com/space-sandbox/space/internal/store/postgres"
@@ -528,9 +529,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		return in
 	}
-	s.ctrl = &http.Server{Handler: e2bAPI.Wrap(api.New(apiOpts)), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
-	s.data = &http.Server{Handler: e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume})),
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}
+	// Both public listeners answer oversize requests with the JSON error
+	// envelope: httpx.Limits below net/http's own (higher) header limit, and
+	// httpx.Listener for what net/http answers itself.
+	s.ctrl = &http.Server{Handler: httpx.Limits(e2bAPI.Wrap(api.New(apiOpts))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	s.data = &http.Server{Handler: httpx.Limits(e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume}))),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	for _, p := range []struct {
 		srv *http.Server
 		ln  net.Listener
@@ -539,7 +543,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := p.srv.Serve(httpx.Listener(p.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cfg.Logf("serve %s: %v", p.ln.Addr(), err)
 			}
 		}()
