@@ -2,9 +2,9 @@
 // sandbox, inside its fresh user, mount, pid, uts, ipc and network
 // namespaces, before the agent serves. The host (internal/driver/namespace)
 // starts the `space` binary as `space agent --init <Config.Args()>` with
-// three descriptors (ListenerFD, SyncFD, StatusFD); Run builds the sandbox's
-// filesystem view, pivots into it, locks itself down and hands the listener
-// to the agent.
+// three descriptors (ListenerFD, SyncFD, StatusFD), and possibly AgentFD;
+// Run builds the sandbox's filesystem view, pivots into it, locks itself
+// down and hands the listener to the agent.
 package sandboxinit
 
 import (
@@ -23,6 +23,10 @@ const (
 	ListenerFD = 3 // listening unix socket the agent serves on
 	SyncFD     = 4 // read end of a pipe: one byte once the host has placed us in cgroups
 	StatusFD   = 5 // write end of a pipe: one status message, then closed
+	// AgentFD, if open, is the sealed memfd holding the agent binary that
+	// the host exec'd as /proc/self/fd/6, so that /proc/1/exe and
+	// /proc/1/maps name no host path. Init closes it.
+	AgentFD = 6
 )
 
 // Status message bytes on StatusFD.
@@ -38,6 +42,12 @@ const maxStatus = 64 << 10
 var ErrNoStatus = errors.New("sandboxinit: init exited before reporting its status")
 
 // Config is what init needs to know; the host passes it as arguments.
+//
+// The paths may be relative to init's working directory, and the host
+// passes them so (it starts init in the sandbox's state dir, with the
+// template linked there as "lower"): overlayfs shows its options in
+// /proc/self/mountinfo exactly as given and /proc/1/cmdline is readable
+// inside, so relative names keep the host's layout out of the sandbox.
 type Config struct {
 	Rootfs   string // overlay lower dir (read-only template)
 	Upper    string // overlay upper dir (the sandbox's writes)
@@ -76,13 +86,14 @@ func ParseArgs(args []string) (Config, error) {
 	return c, c.Validate()
 }
 
-// Validate checks the paths can be handed to overlayfs as they are.
+// Validate checks the paths can be handed to overlayfs as they are: clean,
+// and either absolute or local to the working directory (no "..").
 func (c Config) Validate() error {
 	for _, p := range []struct{ name, v string }{
 		{"rootfs", c.Rootfs}, {"upper", c.Upper}, {"work", c.Work}, {"merged", c.Merged},
 	} {
-		if p.v == "" || !filepath.IsAbs(p.v) || filepath.Clean(p.v) != p.v {
-			return fmt.Errorf("sandboxinit: %s %q is not a clean absolute path", p.name, p.v)
+		if p.v == "" || filepath.Clean(p.v) != p.v || !(filepath.IsAbs(p.v) || filepath.IsLocal(p.v)) {
+			return fmt.Errorf("sandboxinit: %s %q is not a clean absolute or local path", p.name, p.v)
 		}
 		// Separators of overlayfs's option string.
 		if strings.ContainsAny(p.v, ",:\\\n") {

@@ -31,8 +31,14 @@ func TestValidate(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// What the namespace driver passes: names in init's working directory.
+	local := Config{Rootfs: "lower", Upper: "upper", Work: "work", Merged: "merged", Hostname: "h"}
+	if err := local.Validate(); err != nil {
+		t.Fatal(err)
+	}
 	for name, mut := range map[string]func(*Config){
-		"relative":      func(c *Config) { c.Rootfs = "r" },
+		"dotdot":        func(c *Config) { c.Rootfs = "../r" },
+		"relative up":   func(c *Config) { c.Upper = "a/../../u" },
 		"unclean":       func(c *Config) { c.Upper = "/u/../x" },
 		"comma":         func(c *Config) { c.Work = "/w,upperdir=/etc" },
 		"colon":         func(c *Config) { c.Rootfs = "/a:/b" },

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -47,6 +49,11 @@ func Run(ctx context.Context, cfg Config, h Hooks) error {
 		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
 			return fmt.Errorf("sandboxinit: descriptor %d not passed: %w", fd, err)
 		}
+	}
+	// The binary we run from, if the host passed it as a memfd: the
+	// running image keeps its own reference, and no command may inherit it.
+	if l, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(AgentFD)); err == nil && strings.HasPrefix(l, "/memfd:") {
+		_ = unix.Close(AgentFD)
 	}
 	status := os.NewFile(StatusFD, "status")
 	syncf := os.NewFile(SyncFD, "sync")

@@ -199,20 +199,14 @@ func killSandboxProcesses(t *testing.T) {
 func TestLostAtRuntime(t *testing.T) {
 	e := need(t)
 	sb := e.create(t, nil)
-	killed := false
-	ents, _ := os.ReadDir("/proc")
-	for _, d := range ents {
-		cmd, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(cmd), "--init") || !strings.Contains(string(cmd), sb.ID) {
-			continue
-		}
-		pid, _ := strconv.Atoi(d.Name())
-		if p, err := os.FindProcess(pid); err == nil && p.Kill() == nil {
-			killed = true
-		}
+	// PID 1's command line names no host path (nor the sandbox's id): find
+	// it in the driver's state.
+	pid := namespacePID(t, e, instanceOf(t, e, sb.ID))
+	if cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline")); err != nil || !strings.Contains(string(cmd), "--init") {
+		t.Fatalf("no PID 1 found for %s (pid %d: %q %v)", sb.ID, pid, cmd, err)
 	}
-	if !killed {
-		t.Fatalf("no PID 1 found for %s", sb.ID)
+	if p, err := os.FindProcess(pid); err != nil || p.Kill() != nil {
+		t.Fatalf("kill PID 1 %d of %s: %v", pid, sb.ID, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -86,6 +87,11 @@ type Driver struct {
 	opts      Options
 	cg        *cgroups.Manager
 	oomWarned atomic.Bool
+	// agent is a sealed, read-only memfd copy of AgentPath that every
+	// sandbox's PID 1 is exec'd from, so /proc/1/exe and /proc/1/maps
+	// inside show "/memfd:space-agent (deleted)" rather than a host path;
+	// nil where memfds cannot be exec'd (then AgentPath itself is run).
+	agent *os.File
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -156,7 +162,49 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("namespace: %w: %w", err, driver.ErrUnsupported)
 	}
 	opts.Logf("namespace driver: cgroups %s", cg)
-	return &Driver{opts: opts, cg: cg}, nil
+	agent, err := agentMemfd(opts.AgentPath)
+	if err != nil {
+		opts.Logf("namespace: sandboxes run the agent from %s (no memfd copy: %v)", opts.AgentPath, err)
+	}
+	return &Driver{opts: opts, cg: cg, agent: agent}, nil
+}
+
+// agentMemfd copies the agent binary into a sealed memfd and returns it
+// opened read-only (a file open for writing cannot be exec'd). One copy
+// serves every sandbox of the driver: its pages are shared like any
+// file's.
+func agentMemfd(path string) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	fd, err := unix.MemfdCreate("space-agent", flags|unix.MFD_EXEC)
+	if errors.Is(err, unix.EINVAL) { // kernels before 6.3 know no MFD_EXEC
+		fd, err = unix.MemfdCreate("space-agent", flags)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	rw := os.NewFile(uintptr(fd), "memfd:space-agent")
+	defer rw.Close()
+	if _, err := io.Copy(rw, src); err != nil {
+		return nil, fmt.Errorf("copy agent: %w", err)
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	ro, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := ro.Stat(); err != nil || fi.Mode().Perm()&0o001 == 0 {
+		ro.Close()
+		return nil, fmt.Errorf("memfd not executable by others (%v)", err)
+	}
+	return ro, nil
 }
 
 // Name implements driver.Driver.
@@ -222,16 +270,21 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, err
 	}
 	dir := d.sandboxDir(id)
+	// Init runs in dir and gets names relative to it; the template is
+	// linked in as "lower". Overlayfs shows its options in mountinfo as
+	// given and /proc/1/cmdline is readable inside, so no host path may
+	// appear in either.
 	cfg := sandboxinit.Config{
-		Rootfs:   rootfs,
-		Upper:    filepath.Join(dir, "upper"),
-		Work:     filepath.Join(dir, "work"),
-		Merged:   filepath.Join(dir, "merged"),
+		Rootfs:   "lower",
+		Upper:    "upper",
+		Work:     "work",
+		Merged:   "merged",
 		Hostname: hostname,
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("namespace: %w", err)
 	}
+	hostPath := func(p string) string { return filepath.Join(dir, p) }
 
 	var undo cleanup
 	defer func() {
@@ -253,19 +306,22 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, fmt.Errorf("namespace: %w", err)
 	}
 	for _, p := range []string{cfg.Upper, cfg.Work, cfg.Merged} {
-		if err := os.Mkdir(p, 0o755); err != nil {
+		if err := os.Mkdir(hostPath(p), 0o755); err != nil {
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
 	}
+	if err := os.Symlink(rootfs, hostPath(cfg.Rootfs)); err != nil {
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
 	// Overlay needs upper and work owned by the sandbox's root.
 	for _, p := range []string{cfg.Upper, cfg.Work} {
-		if err := os.Lchown(p, int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
+		if err := os.Lchown(hostPath(p), int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
 	}
 	// A restored layer is written while nothing of the sandbox runs yet.
 	if spec.InitLayer != nil {
-		if err := spec.InitLayer(ctx, driver.Layer{Dir: cfg.Upper, UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: hostPath(cfg.Upper), UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
 			return nil, fmt.Errorf("namespace: init layer: %w", err)
 		}
 	}
@@ -310,14 +366,21 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	// 3. PID 1 in new namespaces. No Pdeathsig: the sandbox must outlive
 	// a restart of the node process.
 	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(d.opts.UIDBase), Size: int(d.opts.UIDCount)}}
+	extra := []*os.File{lnFile, syncR, statW} // fds 3, 4, 5
+	path := d.opts.AgentPath
+	if d.agent != nil {
+		// fd 6 (sandboxinit.AgentFD), opened by the child itself.
+		extra = append(extra, d.agent)
+		path = "/proc/self/fd/" + strconv.Itoa(sandboxinit.AgentFD)
+	}
 	cmd := &exec.Cmd{
-		Path:       d.opts.AgentPath,
+		Path:       path,
 		Args:       append(append([]string{"space"}, d.opts.AgentArgs...), cfg.Args()...),
 		Env:        d.opts.Env,
-		Dir:        "/",
+		Dir:        dir, // cfg's relative paths resolve here
 		Stdout:     logFile,
 		Stderr:     logFile,
-		ExtraFiles: []*os.File{lnFile, syncR, statW}, // fds 3, 4, 5
+		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
 				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,

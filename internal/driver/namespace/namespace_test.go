@@ -86,8 +86,23 @@ func TestCreateExecDestroy(t *testing.T) {
 			t.Errorf("mount %q missing:\n%s", want, mounts)
 		}
 	}
-	if strings.Contains(mounts, d.opts.StateDir) && !strings.Contains(mounts, "upperdir="+d.opts.StateDir) {
-		t.Errorf("host paths visible in mounts:\n%s", mounts)
+	// No host path shows inside: not in the overlay's options (relative
+	// to init's working directory), not in PID 1's command line, and the
+	// agent runs from a memfd, not from its host path.
+	inside := mustSh(t, inst, "cat /proc/self/mounts /proc/self/mountinfo /proc/1/mountinfo; tr '\\0' ' ' < /proc/1/cmdline")
+	for _, host := range []string{d.opts.StateDir, rootfs, initBin, filepath.Dir(initBin)} {
+		if strings.Contains(inside, host) {
+			t.Errorf("host path %s visible inside:\n%s", host, inside)
+		}
+	}
+	if !strings.Contains(inside, "lowerdir=lower,upperdir=upper,workdir=work") {
+		t.Errorf("overlay options inside:\n%s", inside)
+	}
+	if exe, err := os.Readlink("/proc/" + strconv.Itoa(inst.proc.pid) + "/exe"); err != nil || !strings.HasPrefix(exe, "/memfd:space-agent") {
+		t.Errorf("PID 1 runs %q (%v), want the agent's memfd", exe, err)
+	}
+	if maps := hostRead(t, "/proc/"+strconv.Itoa(inst.proc.pid)+"/maps"); strings.Contains(maps, initBin) {
+		t.Errorf("PID 1 maps its binary from the host path:\n%s", maps)
 	}
 	if got := mustSh(t, inst, "ls /dev | sort | tr '\\n' ' '"); got != "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero" {
 		t.Errorf("/dev: %q", got)
