@@ -843,7 +843,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 		breq.Name = ref
 		t, err := s.o.Templates.BuildTemplate(ctx, breq, progress)
 		if err == nil {
-			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+			s.audit(audit.WithRequestID(ctx, audit.RequestID(r.Context())), p, "template.build", "template", ref, "succeeded")
 		}
 		return t, err
 	})
@@ -892,7 +892,7 @@ func (s *Server) uploadTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		defer os.Remove(path)
 		t, err := s.o.Templates.BuildTemplate(ctx, req, progress)
 		if err == nil {
-			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+			s.audit(audit.WithRequestID(ctx, audit.RequestID(r.Context())), p, "template.build", "template", ref, "succeeded")
 		}
 		return t, err
 	})

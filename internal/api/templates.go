@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -163,7 +164,7 @@ func (s *Server) buildTemplateFile(w http.ResponseWriter, r *http.Request, p aut
 		defer os.RemoveAll(dir)
 		res, err := a.BuildFromFile(ctx, req, progress)
 		if err == nil {
-			s.audit(ctx, p, "template.build", "template", ref, "succeeded")
+			s.audit(audit.WithRequestID(ctx, audit.RequestID(r.Context())), p, "template.build", "template", ref, "succeeded")
 		}
 		return res, err
 	})

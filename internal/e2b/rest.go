@@ -69,6 +69,35 @@ type API struct {
 
 type apiHandler func(a *API, w http.ResponseWriter, r *http.Request, p auth.Principal) error
 
+// restRoutes is the E2B control API's route table.
+var restRoutes = []struct {
+	pattern string
+	h       apiHandler
+}{
+	{"POST /sandboxes", (*API).create},
+	{"POST /v2/sandboxes", (*API).create},
+	{"GET /sandboxes", (*API).listV1},
+	{"GET /v2/sandboxes", (*API).listV2},
+	{"GET /sandboxes/{id}", (*API).get},
+	{"DELETE /sandboxes/{id}", (*API).kill},
+	{"POST /sandboxes/{id}/timeout", (*API).setTimeout},
+	{"POST /sandboxes/{id}/refreshes", (*API).refresh},
+	{"POST /sandboxes/{id}/connect", (*API).connect},
+	{"POST /v2/sandboxes/{id}/connect", (*API).connect},
+	{"POST /sandboxes/{id}/pause", (*API).pause},
+	{"POST /sandboxes/{id}/resume", (*API).resume},
+	{"GET /sandboxes/{id}/metrics", (*API).metrics},
+}
+
+// Routes returns "METHOD pattern" for every E2B control route (for tests).
+func Routes() []string {
+	out := make([]string, len(restRoutes))
+	for i, rt := range restRoutes {
+		out[i] = rt.pattern
+	}
+	return out
+}
+
 // NewAPI returns the E2B control API handler.
 func NewAPI(o APIOptions) *API {
 	if o.Now == nil {
@@ -87,24 +116,7 @@ func NewAPI(o APIOptions) *API {
 		o.SessionTTL = 24 * time.Hour
 	}
 	a := &API{o: o, mux: http.NewServeMux()}
-	for _, rt := range []struct {
-		pattern string
-		h       apiHandler
-	}{
-		{"POST /sandboxes", (*API).create},
-		{"POST /v2/sandboxes", (*API).create},
-		{"GET /sandboxes", (*API).listV1},
-		{"GET /v2/sandboxes", (*API).listV2},
-		{"GET /sandboxes/{id}", (*API).get},
-		{"DELETE /sandboxes/{id}", (*API).kill},
-		{"POST /sandboxes/{id}/timeout", (*API).setTimeout},
-		{"POST /sandboxes/{id}/refreshes", (*API).refresh},
-		{"POST /sandboxes/{id}/connect", (*API).connect},
-		{"POST /v2/sandboxes/{id}/connect", (*API).connect},
-		{"POST /sandboxes/{id}/pause", (*API).pause},
-		{"POST /sandboxes/{id}/resume", (*API).resume},
-		{"GET /sandboxes/{id}/metrics", (*API).metrics},
-	} {
+	for _, rt := range restRoutes {
 		h, pattern := rt.h, rt.pattern
 		a.mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
 			p, err := a.authenticate(r)

@@ -63,8 +63,18 @@ func testKeys(t *testing.T, s core.Store) {
 		t.Fatal("key not revoked")
 	}
 	list, err := s.ListAPIKeys(ctx, "p1")
-	if err != nil || len(list) != 1 {
+	if err != nil || len(list) != 1 || list[0].Admin {
 		t.Fatalf("list: %v %v", list, err)
+	}
+	// An operator key keeps its admin flag.
+	if err := s.CreateAPIKey(ctx, core.APIKey{ID: "k2", ProjectID: "ops", Hash: []byte{4}, CreatedAt: t0, Admin: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetAPIKey(ctx, "k2"); err != nil || !got.Admin {
+		t.Fatalf("admin key = %+v, %v", got, err)
+	}
+	if list, err := s.ListAPIKeys(ctx, "ops"); err != nil || len(list) != 1 || !list[0].Admin {
+		t.Fatalf("list admin: %+v %v", list, err)
 	}
 }
 
