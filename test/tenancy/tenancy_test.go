@@ -27,6 +27,7 @@ import (
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/openapitest"
 	"github.com/space-sandbox/space/test/testenv"
 )
 
@@ -43,6 +44,7 @@ type world struct {
 	keyAID           string // A's key id
 	credA            string // A's credential
 	digestA          string // A's template digest before the run
+	route            string // the route whose case runs now ("control GET /v1/…")
 }
 
 type sandbox struct{ ID, Token, Data string }
@@ -80,6 +82,7 @@ func TestTenancy(t *testing.T) {
 		if !ok {
 			continue
 		}
+		w.route = r
 		t.Run(r, func(t *testing.T) { c(t, w) })
 	}
 	if after := w.stateOfA(t); after != before {
@@ -399,8 +402,29 @@ func (w *world) refused(t *testing.T, method, path string, body any, want ...int
 	if !slices.Contains(want, st) {
 		t.Errorf("B: %s %s = %d %v, want %v", method, path, st, m, want)
 	}
+	w.documented(t, st)
 	if m["error"] == nil {
 		t.Errorf("B: %s %s: no JSON error: %v", method, path, m)
+	}
+}
+
+// documented checks the served OpenAPI document lists status for the
+// route under test (E2B's API is E2B's document, not in this repository).
+func (w *world) documented(t *testing.T, status int) {
+	t.Helper()
+	plane, route, _ := strings.Cut(w.route, " ")
+	method, pattern, _ := strings.Cut(route, " ")
+	var doc []byte
+	switch plane {
+	case "control":
+		doc = api.OpenAPI()
+	case "data":
+		doc = dataplane.OpenAPI()
+	default:
+		return
+	}
+	if !openapitest.Documents(doc, method, pattern, status) {
+		t.Errorf("%s answered %d, which its OpenAPI document does not list", w.route, status)
 	}
 }
 
@@ -424,6 +448,7 @@ func (w *world) dataRefused(t *testing.T, method, path string, body any) {
 	if st != http.StatusNotFound && st != http.StatusUnauthorized {
 		t.Errorf("B's token on A's sandbox: %s %s = %d %v, want 404/401", method, path, st, m)
 	}
+	w.documented(t, st)
 }
 
 // listExcludes checks a list B gets names none of A's ids.
