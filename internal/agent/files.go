@@ -30,32 +30,34 @@ func pathError(err error) error {
 	return newAPIError(http.StatusBadRequest, CodeInvalidPath, "%v", err)
 }
 
-// owner is who files created on behalf of a request belong to: the "user"
-// query parameter, else the configured default user. ok is false when files
-// stay owned by the agent (no user, or the agent is not root).
-func (s *Server) owner(r *http.Request) (uid, gid int, ok bool, err error) {
-	name := r.URL.Query().Get("user")
-	if name == "" {
-		name = s.config().User
-	}
-	if name == "" || os.Geteuid() != 0 {
-		return 0, 0, false, nil
-	}
-	acct, err := lookupUser(s.opts.etcDir, name)
+// Every file route acts as the request's user (fileUser: the "user" query
+// parameter, else the sandbox's default user), with that user's
+// permissions: what a command of that user could not read, write or reach,
+// the route cannot either (403 permission_denied), and what it creates
+// belongs to that user.
+
+// request resolves a file request's path and user.
+func (s *Server) request(r *http.Request) (string, fsUser, error) {
+	p, err := queryPath(r)
 	if err != nil {
-		return 0, 0, false, newAPIError(http.StatusBadRequest, CodeUnknownUser, "%v", err)
+		return "", fsUser{}, pathError(err)
 	}
-	return int(acct.UID), int(acct.GID), acct.UID != 0 || acct.GID != 0, nil
+	u, err := s.fileUser(r)
+	return p, u, err
 }
 
 func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
+	p, u, err := s.request(r)
 	if err != nil {
-		writeErr(w, pathError(err))
+		writeErr(w, err)
 		return
 	}
 	// O_NONBLOCK: opening a FIFO must not hang; it is refused below anyway.
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	var f *os.File
+	err = u.do(func() (err error) {
+		f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		return err
+	})
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -88,9 +90,9 @@ func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
+	p, u, err := s.request(r)
 	if err != nil {
-		writeErr(w, pathError(err))
+		writeErr(w, err)
 		return
 	}
 	if p == "/" {
@@ -110,12 +112,7 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, CodeTooLarge, fmt.Sprintf("upload larger than %d bytes", s.opts.MaxUploadBytes))
 		return
 	}
-	uid, gid, chown, err := s.owner(r)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	if err := s.writeFile(p, mode, http.MaxBytesReader(w, r.Body, s.opts.MaxUploadBytes), uid, gid, chown); err != nil {
+	if err := writeFile(u, p, mode, http.MaxBytesReader(w, r.Body, s.opts.MaxUploadBytes)); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -139,141 +136,177 @@ func fileMode(bits uint32) os.FileMode {
 
 // writeFile streams body into a temporary file next to p and renames it
 // over p, so readers never see a half-written file and a symlink at p is
-// replaced rather than followed.
-func (s *Server) writeFile(p string, mode os.FileMode, body io.Reader, uid, gid int, chown bool) (err error) {
+// replaced rather than followed. The directories, the file and the rename
+// are made as u. A user who may write an existing file but not its
+// directory (as "> file" in a command could) gets the file rewritten in
+// place instead.
+func writeFile(u fsUser, p string, mode os.FileMode, body io.Reader) (err error) {
 	dir := filepath.Dir(p)
-	created, err := mkdirAll(dir)
-	if err != nil {
-		return err
-	}
-	if chown {
-		chownAll(created, uid, gid)
-	}
-	if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
-		return newAPIError(http.StatusBadRequest, CodeIsADirectory, "path is a directory")
-	}
-	tmp, err := os.CreateTemp(dir, ".space-upload-*")
+	var tmp *os.File
+	inPlace := false
+	err = u.do(func() error {
+		if err := mkdirAll(dir); err != nil {
+			return err
+		}
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			return newAPIError(http.StatusBadRequest, CodeIsADirectory, "path is a directory")
+		}
+		t, err := os.CreateTemp(dir, ".space-upload-*")
+		if err == nil {
+			tmp = t
+			return nil
+		}
+		if !errors.Is(err, fs.ErrPermission) {
+			return err
+		}
+		f, ferr := openInPlace(p)
+		if ferr != nil {
+			return err // the directory's permission error says why
+		}
+		tmp, inPlace = f, true
+		return nil
+	})
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			if !inPlace {
+				u.do(func() error { return os.Remove(tmp.Name()) })
+			}
 		}
 	}()
 	if _, err := io.Copy(tmp, body); err != nil {
 		return err
 	}
-	if err := tmp.Chmod(mode); err != nil {
-		return err
-	}
-	if chown {
-		if err := tmp.Chown(uid, gid); err != nil {
+	if inPlace {
+		// Only the owner may change the mode; a writer who is not keeps it.
+		if err := u.do(func() error { return tmp.Chmod(mode) }); err != nil && !errors.Is(err, fs.ErrPermission) {
 			return err
 		}
-		// chown clears setuid/setgid; put the requested mode back.
+		return tmp.Close()
+	}
+	return u.do(func() error {
 		if err := tmp.Chmod(mode); err != nil {
 			return err
 		}
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), p)
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp.Name(), p)
+	})
 }
 
-// mkdirAll is mkdir -p that reports the directories it created, so they
-// can be given to the requesting user.
-func mkdirAll(dir string) ([]string, error) {
+// openInPlace opens an existing regular file (not a symlink) to rewrite it.
+func openInPlace(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, &fs.PathError{Op: "open", Path: p, Err: syscall.EINVAL}
+	}
+	if err := f.Truncate(0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// mkdirAll is mkdir -p.
+func mkdirAll(dir string) error {
 	var missing []string
 	for d := dir; ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err == nil {
 			if !fi.IsDir() {
-				return nil, &fs.PathError{Op: "mkdir", Path: d, Err: syscall.ENOTDIR}
+				return &fs.PathError{Op: "mkdir", Path: d, Err: syscall.ENOTDIR}
 			}
 			break
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
+			return err
 		}
 		missing = append(missing, d)
 		if d == "/" {
 			break
 		}
 	}
-	var created []string
 	for i := len(missing) - 1; i >= 0; i-- {
-		err := os.Mkdir(missing[i], 0o755)
-		if err == nil {
-			created = append(created, missing[i])
-		} else if !errors.Is(err, fs.ErrExist) {
-			return created, err
+		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
 		}
 	}
-	return created, nil
-}
-
-func chownAll(paths []string, uid, gid int) {
-	for _, p := range paths {
-		os.Lchown(p, uid, gid) // best effort: the directory exists either way
-	}
+	return nil
 }
 
 func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	if err != nil {
-		writeErr(w, pathError(err))
-		return
-	}
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	p, u, err := s.request(r)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	defer f.Close()
 	list := FileList{Entries: []FileInfo{}}
-	limit := s.opts.maxListEntries
-	for len(list.Entries) < limit {
-		ents, err := f.ReadDir(min(1024, limit-len(list.Entries)))
-		for _, e := range ents {
-			fi, err := e.Info() // lstat
-			if err != nil {
-				continue // removed meanwhile
-			}
-			list.Entries = append(list.Entries, fileInfo(filepath.Join(p, e.Name()), fi))
-		}
-		if err == io.EOF {
-			break
-		}
+	err = u.do(func() error {
+		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 		if err != nil {
-			writeErr(w, err)
-			return
+			return err
 		}
-	}
-	if len(list.Entries) >= limit {
-		// Peek: a directory of exactly the cap is not truncated.
-		if more, _ := f.ReadDir(1); len(more) > 0 {
-			list.Truncated = true
+		defer f.Close()
+		limit := s.opts.maxListEntries
+		for len(list.Entries) < limit {
+			ents, err := f.ReadDir(min(1024, limit-len(list.Entries)))
+			for _, e := range ents {
+				fi, err := e.Info() // lstat
+				if err != nil {
+					continue // removed meanwhile, or not searchable by the user
+				}
+				list.Entries = append(list.Entries, fileInfo(filepath.Join(p, e.Name()), fi))
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
 		}
+		if len(list.Entries) >= limit {
+			// Peek: a directory of exactly the cap is not truncated.
+			if more, _ := f.ReadDir(1); len(more) > 0 {
+				list.Truncated = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
 	}
 	sort.Slice(list.Entries, func(i, j int) bool { return list.Entries[i].Name < list.Entries[j].Name })
 	writeJSON(w, http.StatusOK, list)
 }
 
 func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
-	if err != nil {
-		writeErr(w, pathError(err))
-		return
-	}
-	fi, err := os.Lstat(p)
+	p, u, err := s.request(r)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, fileInfo(p, fi))
+	var info FileInfo
+	err = u.do(func() error {
+		fi, err := os.Lstat(p)
+		if err == nil {
+			info = fileInfo(p, fi)
+		}
+		return err
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 // fileInfo describes fi (from lstat) found at p.
@@ -318,19 +351,17 @@ func (s *Server) handleMkdir(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, pathError(err))
 		return
 	}
-	uid, gid, chown, err := s.owner(r)
+	u, err := s.fileUser(r)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
-		writeError(w, http.StatusConflict, CodeAlreadyExists, "path exists and is not a directory")
-		return
-	}
-	created, err := mkdirAll(p)
-	if chown {
-		chownAll(created, uid, gid)
-	}
+	err = u.do(func() error {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return newAPIError(http.StatusConflict, CodeAlreadyExists, "path exists and is not a directory")
+		}
+		return mkdirAll(p)
+	})
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -358,7 +389,12 @@ func (s *Server) handleMove(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidPath, "cannot move the root directory")
 		return
 	}
-	if err := os.Rename(from, to); err != nil {
+	u, err := s.fileUser(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := u.do(func() error { return os.Rename(from, to) }); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -366,9 +402,9 @@ func (s *Server) handleMove(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleRemove(w http.ResponseWriter, r *http.Request) {
-	p, err := queryPath(r)
+	p, u, err := s.request(r)
 	if err != nil {
-		writeErr(w, pathError(err))
+		writeErr(w, err)
 		return
 	}
 	recursive := false
@@ -382,15 +418,15 @@ func (s *Server) handleRemove(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeInvalidPath, "cannot remove the root directory")
 		return
 	}
-	if _, err := os.Lstat(p); err != nil {
-		writeErr(w, err)
-		return
-	}
-	if recursive {
-		err = os.RemoveAll(p) // never follows symlinks
-	} else {
-		err = os.Remove(p)
-	}
+	err = u.do(func() error {
+		if _, err := os.Lstat(p); err != nil {
+			return err
+		}
+		if recursive {
+			return os.RemoveAll(p) // never follows symlinks
+		}
+		return os.Remove(p)
+	})
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -887,7 +887,8 @@ func TestRunAsUser(t *testing.T) {
 	if res := run(t, a, agent.ProcessSpec{Argv: []string{"id", "-u"}}); res.stdout.String() != "4242\n" {
 		t.Errorf("default user: %q", res.stdout.String())
 	}
-	dir := t.TempDir()
+	// Uploads act as alice: the directory must be hers to write.
+	dir := userDir(t, 4242, 4343)
 	p := filepath.Join(dir, "new", "f")
 	if err := a.Upload(ctx, p, 0o644, strings.NewReader("x")); err != nil {
 		t.Fatal(err)

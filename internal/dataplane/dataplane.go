@@ -213,6 +213,15 @@ func CleanPath(p string) (string, error) {
 
 func queryPath(r *http.Request) (string, error) { return CleanPath(r.URL.Query().Get("path")) }
 
+// fileAgent is the sandbox's agent acting as the user a file request names
+// (query parameter "user"; empty: the sandbox's default user, the
+// template's user else root), with that user's permissions: what the user
+// may not read, write or reach is refused (403 permission_denied) and what
+// it creates belongs to the user. The agent checks the name.
+func fileAgent(r *http.Request, sb *node.Sandbox) *client.Client {
+	return sb.Agent.As(r.URL.Query().Get("user"))
+}
+
 type commandView struct {
 	agent.ProcessInfo
 	LastEventID uint64 `json:"last_event_id"`
@@ -526,7 +535,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, sb *node.Sandb
 	if err != nil {
 		return err
 	}
-	rc, size, err := sb.Agent.Download(r.Context(), p)
+	rc, size, err := fileAgent(r, sb).Download(r.Context(), p)
 	if err != nil {
 		return err
 	}
@@ -555,7 +564,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, sb *node.Sandbox
 		mode = os.FileMode(v)
 	}
 	http.NewResponseController(w).SetReadDeadline(time.Time{})
-	if err := sb.Agent.Upload(r.Context(), p, mode, http.MaxBytesReader(w, r.Body, MaxUploadBytes)); err != nil {
+	if err := fileAgent(r, sb).Upload(r.Context(), p, mode, http.MaxBytesReader(w, r.Body, MaxUploadBytes)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -571,7 +580,7 @@ func (s *Server) remove(w http.ResponseWriter, r *http.Request, sb *node.Sandbox
 		return httpx.Errorf(http.StatusBadRequest, "invalid_path", "refusing to remove /")
 	}
 	rec := r.URL.Query().Get("recursive") == "true"
-	if err := sb.Agent.Remove(r.Context(), p, rec); err != nil {
+	if err := fileAgent(r, sb).Remove(r.Context(), p, rec); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -583,7 +592,7 @@ func (s *Server) listDir(w http.ResponseWriter, r *http.Request, sb *node.Sandbo
 	if err != nil {
 		return err
 	}
-	entries, err := sb.Agent.ListDir(r.Context(), p)
+	entries, err := fileAgent(r, sb).ListDir(r.Context(), p)
 	if err != nil {
 		return err
 	}
@@ -599,7 +608,7 @@ func (s *Server) stat(w http.ResponseWriter, r *http.Request, sb *node.Sandbox) 
 	if err != nil {
 		return err
 	}
-	fi, err := sb.Agent.Stat(r.Context(), p)
+	fi, err := fileAgent(r, sb).Stat(r.Context(), p)
 	if err != nil {
 		return err
 	}
@@ -618,7 +627,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, sb *node.Sandbox)
 	if err != nil {
 		return err
 	}
-	if err := sb.Agent.Mkdir(r.Context(), p); err != nil {
+	if err := fileAgent(r, sb).Mkdir(r.Context(), p); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -641,7 +650,7 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request, sb *node.Sandbox) 
 	if err != nil {
 		return err
 	}
-	if err := sb.Agent.Move(r.Context(), from, to); err != nil {
+	if err := fileAgent(r, sb).Move(r.Context(), from, to); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

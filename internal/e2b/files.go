@@ -42,18 +42,30 @@ func restStatus(err error) (int, string) {
 	return http.StatusInternalServerError, "internal error"
 }
 
+// fileUser is who a /files request acts as: its "username" query parameter
+// (envd's; "user" is taken too), else the Basic auth user, else the
+// sandbox's default user. The agent reads and writes with that user's
+// permissions, and what it creates belongs to that user.
+func fileUser(r *http.Request, c *call) string {
+	q := r.URL.Query()
+	if u := q.Get("username"); u != "" {
+		return u
+	}
+	if u := q.Get("user"); u != "" {
+		return u
+	}
+	return c.user
+}
+
 func (e *Envd) download(w http.ResponseWriter, r *http.Request, c *call) {
 	q := r.URL.Query()
-	user := q.Get("username")
-	if user == "" {
-		user = c.user
-	}
+	user := fileUser(r, c)
 	p, err := resolvePath(q.Get("path"), user)
 	if err != nil {
 		envdError(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	rc, size, err := c.sb.Agent.Download(r.Context(), p)
+	rc, size, err := c.sb.Agent.As(user).Download(r.Context(), p)
 	if err != nil {
 		st, msg := restStatus(err)
 		envdError(w, r, st, msg)
@@ -95,10 +107,8 @@ func (c *capReader) Read(p []byte) (int, error) {
 
 func (e *Envd) upload(w http.ResponseWriter, r *http.Request, c *call) {
 	q := r.URL.Query()
-	user := q.Get("username")
-	if user == "" {
-		user = c.user
-	}
+	user := fileUser(r, c)
+	ag := c.sb.Agent.As(user)
 	http.NewResponseController(w).SetReadDeadline(time.Time{})
 	body := http.MaxBytesReader(w, r.Body, maxUploadBytes)
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -108,7 +118,7 @@ func (e *Envd) upload(w http.ResponseWriter, r *http.Request, c *call) {
 		if err != nil {
 			return err
 		}
-		if err := c.sb.Agent.Upload(r.Context(), p, 0o644, data); err != nil {
+		if err := ag.Upload(r.Context(), p, 0o644, data); err != nil {
 			return err
 		}
 		out = append(out, uploadedEntry{Path: p, Name: path.Base(p), Type: "file"})

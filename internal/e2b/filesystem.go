@@ -19,7 +19,6 @@ import (
 	"github.com/space-sandbox/space/internal/agent/client"
 	fspb "github.com/space-sandbox/space/internal/e2b/gen/filesystem"
 	"github.com/space-sandbox/space/internal/e2b/gen/filesystem/filesystempbconnect"
-	"github.com/space-sandbox/space/internal/node"
 )
 
 // Bounds on directory walks (ListDir depth, watchers).
@@ -66,6 +65,11 @@ func entryOf(fi agent.FileInfo, p string) *fspb.EntryInfo {
 	return e
 }
 
+// files is the sandbox's agent acting as the call's user (envd's Basic
+// auth user; "" = the sandbox's default user), with that user's
+// permissions, as envd does.
+func (c *call) files() *client.Client { return c.sb.Agent.As(c.user) }
+
 func (s *filesystemService) path(ctx context.Context, p string) (*call, string, error) {
 	c := callOf(ctx)
 	abs, err := resolvePath(p, c.user)
@@ -75,8 +79,8 @@ func (s *filesystemService) path(ctx context.Context, p string) (*call, string, 
 	return c, abs, nil
 }
 
-func (s *filesystemService) stat(ctx context.Context, sb *node.Sandbox, p string) (*fspb.EntryInfo, error) {
-	fi, err := sb.Agent.Stat(ctx, p)
+func (s *filesystemService) stat(ctx context.Context, ag *client.Client, p string) (*fspb.EntryInfo, error) {
+	fi, err := ag.Stat(ctx, p)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -88,7 +92,7 @@ func (s *filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.stat(ctx, c.sb, p)
+	e, err := s.stat(ctx, c.files(), p)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +106,7 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fs
 	}
 	// envd says already_exists (the SDK returns false); the agent's mkdir -p
 	// would succeed silently, so look first.
-	if fi, err := c.sb.Agent.Stat(ctx, p); err == nil {
+	if fi, err := c.files().Stat(ctx, p); err == nil {
 		if fi.Type == "dir" {
 			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
 		}
@@ -110,10 +114,10 @@ func (s *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fs
 	} else if !client.IsNotFound(err) {
 		return nil, rpcError(err)
 	}
-	if err := c.sb.Agent.Mkdir(ctx, p); err != nil {
+	if err := c.files().Mkdir(ctx, p); err != nil {
 		return nil, rpcError(err)
 	}
-	e, err := s.stat(ctx, c.sb, p)
+	e, err := s.stat(ctx, c.files(), p)
 	if err != nil {
 		return nil, err
 	}
@@ -129,10 +133,10 @@ func (s *filesystemService) Move(ctx context.Context, req *connect.Request[fspb.
 	if err != nil {
 		return nil, err
 	}
-	if err := c.sb.Agent.Move(ctx, from, to); err != nil {
+	if err := c.files().Move(ctx, from, to); err != nil {
 		return nil, rpcError(err)
 	}
-	e, err := s.stat(ctx, c.sb, to)
+	e, err := s.stat(ctx, c.files(), to)
 	if err != nil {
 		return nil, err
 	}
@@ -147,14 +151,14 @@ func (s *filesystemService) Remove(ctx context.Context, req *connect.Request[fsp
 	if p == "/" {
 		return nil, invalidArg("refusing to remove /")
 	}
-	if err := c.sb.Agent.Remove(ctx, p, true); err != nil {
+	if err := c.files().Remove(ctx, p, true); err != nil {
 		return nil, rpcError(err)
 	}
 	return connect.NewResponse(&fspb.RemoveResponse{}), nil
 }
 
 // walk lists root down to depth levels (1 = its entries only), bounded.
-func walk(ctx context.Context, sb *node.Sandbox, root string, depth int, fn func(p string, fi agent.FileInfo)) error {
+func walk(ctx context.Context, ag *client.Client, root string, depth int, fn func(p string, fi agent.FileInfo)) error {
 	type dir struct {
 		p     string
 		level int
@@ -164,7 +168,7 @@ func walk(ctx context.Context, sb *node.Sandbox, root string, depth int, fn func
 	for len(queue) > 0 {
 		d := queue[0]
 		queue = queue[1:]
-		list, err := sb.Agent.ListDir(ctx, d.p)
+		list, err := ag.ListDir(ctx, d.p)
 		if err != nil {
 			if d.p != root && client.IsNotFound(err) {
 				continue // removed while walking
@@ -191,7 +195,7 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fs
 		return nil, err
 	}
 	depth := int(min(max(req.Msg.Depth, 1), maxWalkDepth))
-	fi, err := c.sb.Agent.Stat(ctx, p)
+	fi, err := c.files().Stat(ctx, p)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -199,7 +203,7 @@ func (s *filesystemService) ListDir(ctx context.Context, req *connect.Request[fs
 		return nil, invalidArg("path %s is not a directory", p)
 	}
 	out := &fspb.ListDirResponse{}
-	err = walk(ctx, c.sb, p, depth, func(ep string, fi agent.FileInfo) {
+	err = walk(ctx, c.files(), p, depth, func(ep string, fi agent.FileInfo) {
 		if fi.Type != "other" {
 			out.Entries = append(out.Entries, entryOf(fi, ep))
 		}
@@ -218,13 +222,13 @@ type fileState struct {
 
 type snapshot map[string]fileState // name relative to the watched dir
 
-func scan(ctx context.Context, sb *node.Sandbox, root string, recursive bool) (snapshot, error) {
+func scan(ctx context.Context, ag *client.Client, root string, recursive bool) (snapshot, error) {
 	depth := 1
 	if recursive {
 		depth = maxWalkDepth
 	}
 	snap := snapshot{}
-	err := walk(ctx, sb, root, depth, func(p string, fi agent.FileInfo) {
+	err := walk(ctx, ag, root, depth, func(p string, fi agent.FileInfo) {
 		// The agent writes uploads to a temporary file and renames it.
 		if strings.HasPrefix(fi.Name, ".space-upload-") {
 			return
@@ -286,7 +290,7 @@ func (s *filesystemService) watchRoot(ctx context.Context, p string) (*call, str
 	if err != nil {
 		return nil, "", err
 	}
-	fi, err := c.sb.Agent.Stat(ctx, root)
+	fi, err := c.files().Stat(ctx, root)
 	if err != nil {
 		return nil, "", rpcError(err)
 	}
@@ -301,7 +305,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if err != nil {
 		return err
 	}
-	snap, err := scan(ctx, c.sb, root, req.Msg.Recursive)
+	snap, err := scan(ctx, c.files(), root, req.Msg.Recursive)
 	if err != nil {
 		return rpcError(err)
 	}
@@ -317,7 +321,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			return nil
 		case <-tick.C:
 		}
-		cur, err := scan(ctx, c.sb, root, req.Msg.Recursive)
+		cur, err := scan(ctx, c.files(), root, req.Msg.Recursive)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -348,6 +352,7 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 // watcher is a polling watcher of CreateWatcher/GetWatcherEvents.
 type watcher struct {
 	sandbox   string
+	user      string // the creator's: polls act as it
 	root      string
 	recursive bool
 	entry     bool
@@ -360,7 +365,7 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	snap, err := scan(ctx, c.sb, root, req.Msg.Recursive)
+	snap, err := scan(ctx, c.files(), root, req.Msg.Recursive)
 	if err != nil {
 		return nil, rpcError(err)
 	}
@@ -381,7 +386,7 @@ func (s *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if n >= maxWatchers || len(e.watchers) >= maxTotalWatch {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("at most %d watchers per sandbox", maxWatchers))
 	}
-	e.watchers[id] = &watcher{sandbox: c.sb.ID, root: root, recursive: req.Msg.Recursive, entry: req.Msg.IncludeEntry, snap: snap, used: time.Now()}
+	e.watchers[id] = &watcher{sandbox: c.sb.ID, user: c.user, root: root, recursive: req.Msg.Recursive, entry: req.Msg.IncludeEntry, snap: snap, used: time.Now()}
 	return connect.NewResponse(&fspb.CreateWatcherResponse{WatcherId: id}), nil
 }
 
@@ -401,7 +406,7 @@ func (s *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 	if err != nil {
 		return nil, err
 	}
-	cur, err := scan(ctx, c.sb, w.root, w.recursive)
+	cur, err := scan(ctx, c.sb.Agent.As(w.user), w.root, w.recursive)
 	if err != nil && !client.IsNotFound(err) {
 		return nil, rpcError(err)
 	}

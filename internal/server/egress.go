@@ -115,7 +115,9 @@ func (r *egressRuntime) installCA(ctx context.Context, sandboxID, instID string)
 		return err
 	}
 	var bundle []byte
-	rc, _, err := h.Agent.Download(ctx, caBundle)
+	// As root (uid 0, named so even where /etc/passwd has no root): the
+	// trust store and resolv.conf are the system's, not the default user's.
+	rc, _, err := h.Agent.As("0").Download(ctx, caBundle)
 	switch {
 	case err == nil:
 		bundle, err = io.ReadAll(io.LimitReader(rc, maxCABundle+1))
@@ -135,10 +137,10 @@ func (r *egressRuntime) installCA(ctx context.Context, sandboxID, instID string)
 		bundle = append(bundle, '\n')
 	}
 	bundle = append(append(append(bundle, caBegin...), pemCA...), caEnd...)
-	if err := h.Agent.Upload(ctx, caBundle, 0o644, bytes.NewReader(bundle)); err != nil {
+	if err := h.Agent.As("0").Upload(ctx, caBundle, 0o644, bytes.NewReader(bundle)); err != nil {
 		return fmt.Errorf("write %s: %w", caBundle, err)
 	}
-	if err := h.Agent.Upload(ctx, caLocal, 0o644, bytes.NewReader(pemCA)); err != nil {
+	if err := h.Agent.As("0").Upload(ctx, caLocal, 0o644, bytes.NewReader(pemCA)); err != nil {
 		return fmt.Errorf("write %s: %w", caLocal, err)
 	}
 	return r.installResolver(ctx, h, instID)
@@ -156,7 +158,7 @@ func (r *egressRuntime) installResolver(ctx context.Context, h *node.Sandbox, in
 		return nil
 	}
 	var cur []byte
-	rc, _, err := h.Agent.Download(ctx, resolvConf)
+	rc, _, err := h.Agent.As("0").Download(ctx, resolvConf)
 	switch {
 	case err == nil:
 		cur, err = io.ReadAll(io.LimitReader(rc, 64<<10))
@@ -174,7 +176,7 @@ func (r *egressRuntime) installResolver(ctx context.Context, h *node.Sandbox, in
 		}
 	}
 	conf := fmt.Sprintf("%s# nameserver added by the SPACE egress gateway: the sandbox's gateway resolver\nnameserver %s\n", cur, l.Host)
-	if err := h.Agent.Upload(ctx, resolvConf, 0o644, strings.NewReader(conf)); err != nil {
+	if err := h.Agent.As("0").Upload(ctx, resolvConf, 0o644, strings.NewReader(conf)); err != nil {
 		return fmt.Errorf("write %s: %w", resolvConf, err)
 	}
 	return nil

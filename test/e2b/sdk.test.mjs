@@ -142,6 +142,21 @@ describe(`e2b SDK (${pkg}) against SPACE`, () => {
     assert.equal((await sbx.commands.run('cat /home/user/rel.txt')).stdout, 'home')
   })
 
+  test('files act as the user, with its permissions', async () => {
+    // No user: the sandbox's default user ("user"), as commands run.
+    await sbx.files.write(`/tmp/owned-${runID}`, 'x')
+    assert.equal((await sbx.commands.run(`stat -c %U /tmp/owned-${runID}`)).stdout, 'user\n')
+    // /root is 0700: refused as a command of user would be, allowed to root.
+    await assert.rejects(sbx.files.write(`/root/denied-${runID}`, 'x'))
+    await sbx.files.write(`/root/ok-${runID}`, 'r', { user: 'root' })
+    assert.equal((await sbx.commands.run(`stat -c %U /root/ok-${runID}`, { user: 'root' })).stdout, 'root\n')
+    await assert.rejects(sbx.files.read(`/root/ok-${runID}`))
+    assert.equal(await sbx.files.read(`/root/ok-${runID}`, { user: 'root' }), 'r')
+    await assert.rejects(sbx.files.makeDir(`/root/d-${runID}`))
+    assert.equal(await sbx.files.makeDir(`/root/d-${runID}`, { user: 'root' }), true)
+    assert.equal((await sbx.commands.run(`ls /root`, { user: 'root' })).stdout.includes(`denied-${runID}`), false)
+  })
+
   test('files.watchDir', async () => {
     const dir = `/tmp/watch-${runID}`
     await sbx.files.makeDir(dir)

@@ -180,7 +180,7 @@ func (e *env) execAs(t *testing.T, sb sbx, user, script string) string {
 
 // uploadCurl puts the host's curl and every shared library it links (as
 // ldd resolves them) under /opt/hostcurl in the sandbox, through the
-// agent's file API.
+// agent's file API, as root (/opt is root's).
 func (e *env) uploadCurl(t *testing.T, sb sbx) error {
 	bin, err := exec.LookPath("curl")
 	if err != nil {
@@ -203,7 +203,7 @@ func (e *env) uploadCurl(t *testing.T, sb sbx) error {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, "PUT", sb.DataURL+"/v1/sandboxes/"+url.PathEscape(sb.ID)+"/files?mode=0755&path="+url.QueryEscape(dst), bytes.NewReader(b))
+		req, _ := http.NewRequestWithContext(ctx, "PUT", sb.DataURL+"/v1/sandboxes/"+url.PathEscape(sb.ID)+"/files?user=root&mode=0755&path="+url.QueryEscape(dst), bytes.NewReader(b))
 		req.Header.Set("Authorization", "Bearer "+sb.Token)
 		resp, err := http.DefaultClient.Do(req)
 		cancel()

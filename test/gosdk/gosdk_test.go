@@ -378,10 +378,10 @@ func TestPauseResumeSnapshotFork(t *testing.T) {
 	c := s.client()
 	sb, sc := s.sandbox(t, c)
 	ctx := context.Background()
-	if err := sc.Mkdir(ctx, "/data"); err != nil { // not /tmp: a driver may mount a tmpfs there
+	if err := sc.Mkdir(ctx, "/home/user/data"); err != nil { // not /tmp (a driver may mount a tmpfs there); files act as the default user
 		t.Fatal(err)
 	}
-	if err := sc.Upload(ctx, "/data/note.txt", 0, strings.NewReader("kept")); err != nil {
+	if err := sc.Upload(ctx, "/home/user/data/note.txt", 0, strings.NewReader("kept")); err != nil {
 		t.Fatal(err)
 	}
 	op, err := c.PauseSandbox(ctx, sb.ID, "")
@@ -406,7 +406,7 @@ func TestPauseResumeSnapshotFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := run(t, sc, "cat /data/note.txt"); out != "kept" {
+	if out, _ := run(t, sc, "cat /home/user/data/note.txt"); out != "kept" {
 		t.Fatalf("after resume: %q", out)
 	}
 	snap, op, err := c.CreateSnapshot(ctx, sb.ID, "")
@@ -438,7 +438,7 @@ func TestPauseResumeSnapshotFork(t *testing.T) {
 		if _, err := c.WaitOperation(ctx, f.Operation.ID); err != nil {
 			t.Fatal(err)
 		}
-		if out, _ := run(t, c.Sandbox(f.Session), "cat /data/note.txt"); out != "kept" || f.Sandbox.ID == sb.ID {
+		if out, _ := run(t, c.Sandbox(f.Session), "cat /home/user/data/note.txt"); out != "kept" || f.Sandbox.ID == sb.ID {
 			t.Fatalf("fork %s: %q", f.Sandbox.ID, out)
 		}
 	}
@@ -459,10 +459,10 @@ func TestHibernateResume(t *testing.T) {
 	c := s.client()
 	sb, sc := s.sandbox(t, c)
 	ctx := context.Background()
-	if err := sc.Mkdir(ctx, "/data"); err != nil {
+	if err := sc.Mkdir(ctx, "/home/user/data"); err != nil {
 		t.Fatal(err)
 	}
-	if err := sc.Upload(ctx, "/data/h.txt", 0, strings.NewReader("slept")); err != nil {
+	if err := sc.Upload(ctx, "/home/user/data/h.txt", 0, strings.NewReader("slept")); err != nil {
 		t.Fatal(err)
 	}
 	op, err := c.HibernateSandbox(ctx, sb.ID, "")
@@ -485,7 +485,7 @@ func TestHibernateResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The session survives: tokens name the sandbox id, not the instance.
-	if out, _ := run(t, sc, "cat /data/h.txt"); out != "slept" {
+	if out, _ := run(t, sc, "cat /home/user/data/h.txt"); out != "slept" {
 		t.Fatalf("after hibernate and resume: %q", out)
 	}
 }

@@ -226,10 +226,11 @@ func TestFiles(t *testing.T) {
 	sb := e.create(t, nil)
 	defer sb.delete(t)
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 2<<20) // 32 MiB
-	if st, m, err := doRaw(sb, "PUT", "/files?path=/home/big.bin", string(payload)); err != nil || st != 204 {
+	// Files act as the sandbox's default user ("user" in minimal): in its home.
+	if st, m, err := doRaw(sb, "PUT", "/files?path=/home/user/big.bin", string(payload)); err != nil || st != 204 {
 		t.Fatalf("upload: %d %v %v", st, m, err)
 	}
-	req, _ := newReq(sb, "GET", "/files?path=/home/big.bin")
+	req, _ := newReq(sb, "GET", "/files?path=/home/user/big.bin")
 	resp, err := httpc.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -240,24 +241,24 @@ func TestFiles(t *testing.T) {
 	if !bytes.Equal(got.Bytes(), payload) {
 		t.Fatalf("download: %d bytes, want %d", got.Len(), len(payload))
 	}
-	if st, _, _ := sb.dp("POST", "/files/mkdir", map[string]any{"path": "/work/a/b"}); st != 204 {
+	if st, _, _ := sb.dp("POST", "/files/mkdir", map[string]any{"path": "/home/user/work/a/b"}); st != 204 {
 		t.Fatalf("mkdir: %d", st)
 	}
-	if st, _, _ := sb.dp("POST", "/files/move", map[string]any{"from": "/home/big.bin", "to": "/work/a/b/moved.bin"}); st != 204 {
+	if st, _, _ := sb.dp("POST", "/files/move", map[string]any{"from": "/home/user/big.bin", "to": "/home/user/work/a/b/moved.bin"}); st != 204 {
 		t.Fatalf("move: %d", st)
 	}
-	st, m, _ := sb.dp("GET", "/files/stat?path=/work/a/b/moved.bin", nil)
+	st, m, _ := sb.dp("GET", "/files/stat?path=/home/user/work/a/b/moved.bin", nil)
 	if st != 200 || m["size"].(float64) != float64(len(payload)) || m["type"] != "file" {
 		t.Fatalf("stat: %d %v", st, m)
 	}
-	st, m, _ = sb.dp("GET", "/files/list?path=/work/a/b", nil)
+	st, m, _ = sb.dp("GET", "/files/list?path=/home/user/work/a/b", nil)
 	if st != 200 || len(m["entries"].([]any)) != 1 {
 		t.Fatalf("list: %d %v", st, m)
 	}
-	if st, _, _ := sb.dp("DELETE", "/files?path=/work/a&recursive=true", nil); st != 204 {
+	if st, _, _ := sb.dp("DELETE", "/files?path=/home/user/work/a&recursive=true", nil); st != 204 {
 		t.Fatalf("remove: %d", st)
 	}
-	if st, _, _ := sb.dp("GET", "/files/stat?path=/work/a", nil); st != 404 {
+	if st, _, _ := sb.dp("GET", "/files/stat?path=/home/user/work/a", nil); st != 404 {
 		t.Fatalf("stat after remove: %d", st)
 	}
 	// The file written through the API is the one commands see.

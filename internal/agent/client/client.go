@@ -36,6 +36,8 @@ type Dialer func(ctx context.Context) (net.Conn, error)
 type Client struct {
 	hc *http.Client
 	tr *http.Transport
+	// user is who file calls act as; "" = the agent's default user.
+	user string
 }
 
 // New returns a client that dials the agent with dial and keeps idle
@@ -56,6 +58,17 @@ func New(dial Dialer) *Client {
 		ReadBufferSize:  64 << 10,
 	}
 	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+// As returns a client for the same agent (and connections) whose file
+// calls act as user, a name or numeric uid inside the sandbox: with that
+// user's permissions, and what they create belongs to that user. "" means
+// the agent's default user (the sandbox's: the template's user, else
+// root). Commands are unaffected; their user is ProcessSpec.User.
+func (c *Client) As(user string) *Client {
+	cp := *c
+	cp.user = user
+	return &cp
 }
 
 // Close drops idle connections. Requests in flight are not affected.
@@ -279,15 +292,27 @@ func (c *Client) Resize(ctx context.Context, id string, cols, rows uint16) error
 	return c.doJSON(ctx, http.MethodPost, processPath(id, "/resize"), nil, agent.ResizeRequest{Cols: cols, Rows: rows}, nil, http.StatusNoContent)
 }
 
-func pathQuery(path string) url.Values {
-	return url.Values{"path": {path}}
+// pathQuery is the query of a file call on path.
+func (c *Client) pathQuery(path string) url.Values {
+	q := c.userQuery()
+	q.Set("path", path)
+	return q
+}
+
+// userQuery names the user file calls act as.
+func (c *Client) userQuery() url.Values {
+	q := url.Values{}
+	if c.user != "" {
+		q.Set("user", c.user)
+	}
+	return q
 }
 
 // Download opens a file in the sandbox. size is -1 when the agent does not
 // know it (procfs-like files). The caller closes the reader; a file cut
 // short reads as io.ErrUnexpectedEOF.
 func (c *Client) Download(ctx context.Context, path string) (io.ReadCloser, int64, error) {
-	resp, err := c.do(ctx, http.MethodGet, "/v1/files", pathQuery(path), nil, "", http.StatusOK)
+	resp, err := c.do(ctx, http.MethodGet, "/v1/files", c.pathQuery(path), nil, "", http.StatusOK)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -295,10 +320,10 @@ func (c *Client) Download(ctx context.Context, path string) (io.ReadCloser, int6
 }
 
 // Upload writes r to a file in the sandbox atomically (temporary file and
-// rename), creating parent directories. New files and directories belong to
-// the agent's configured default user.
+// rename), creating parent directories, as the client's user (As): new
+// files and directories belong to that user.
 func (c *Client) Upload(ctx context.Context, path string, mode os.FileMode, r io.Reader) error {
-	q := pathQuery(path)
+	q := c.pathQuery(path)
 	// Both spellings of the special bits are accepted: os.ModeSetuid and
 	// friends, and raw unix bits as in os.FileMode(0o4755).
 	bits := uint32(mode & 0o7777)
@@ -330,31 +355,31 @@ func (c *Client) ListDir(ctx context.Context, path string) ([]agent.FileInfo, er
 // ListDirTruncated is ListDir that also says whether the agent left entries out.
 func (c *Client) ListDirTruncated(ctx context.Context, path string) (agent.FileList, error) {
 	var l agent.FileList
-	err := c.doJSON(ctx, http.MethodGet, "/v1/files/list", pathQuery(path), nil, &l, http.StatusOK)
+	err := c.doJSON(ctx, http.MethodGet, "/v1/files/list", c.pathQuery(path), nil, &l, http.StatusOK)
 	return l, err
 }
 
 // Stat describes a file without following a final symlink.
 func (c *Client) Stat(ctx context.Context, path string) (agent.FileInfo, error) {
 	var fi agent.FileInfo
-	err := c.doJSON(ctx, http.MethodGet, "/v1/files/stat", pathQuery(path), nil, &fi, http.StatusOK)
+	err := c.doJSON(ctx, http.MethodGet, "/v1/files/stat", c.pathQuery(path), nil, &fi, http.StatusOK)
 	return fi, err
 }
 
 // Mkdir creates a directory and its parents.
 func (c *Client) Mkdir(ctx context.Context, path string) error {
-	return c.doJSON(ctx, http.MethodPost, "/v1/files/mkdir", nil, agent.MkdirRequest{Path: path}, nil, http.StatusNoContent)
+	return c.doJSON(ctx, http.MethodPost, "/v1/files/mkdir", c.userQuery(), agent.MkdirRequest{Path: path}, nil, http.StatusNoContent)
 }
 
 // Move renames from to to.
 func (c *Client) Move(ctx context.Context, from, to string) error {
-	return c.doJSON(ctx, http.MethodPost, "/v1/files/move", nil, agent.MoveRequest{From: from, To: to}, nil, http.StatusNoContent)
+	return c.doJSON(ctx, http.MethodPost, "/v1/files/move", c.userQuery(), agent.MoveRequest{From: from, To: to}, nil, http.StatusNoContent)
 }
 
 // Remove deletes a file or an empty directory, or a whole tree when
 // recursive is set.
 func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
-	q := pathQuery(path)
+	q := c.pathQuery(path)
 	if recursive {
 		q.Set("recursive", "true")
 	}

@@ -221,8 +221,8 @@ class IntegrationTest(unittest.TestCase):
     def test_pause_resume_snapshot_fork(self):
         sb = self.client.create_sandbox(TEMPLATE)
         try:
-            sb.files.mkdir("/data")  # not /tmp: a driver may mount a tmpfs there, outside snapshots
-            sb.files.write_text("/data/note.txt", "kept")
+            sb.files.mkdir("/home/user/data")  # not /tmp: a driver may mount a tmpfs there, outside snapshots
+            sb.files.write_text("/home/user/data/note.txt", "kept")
             try:
                 sb.pause()
             except (space.OperationFailed, space.Unavailable) as e:
@@ -232,26 +232,26 @@ class IntegrationTest(unittest.TestCase):
                 sb.run("true")
             sb.resume()
             self.assertEqual(sb.state, "running")
-            self.assertEqual(sb.run("cat /data/note.txt").stdout, b"kept")
+            self.assertEqual(sb.run("cat /home/user/data/note.txt").stdout, b"kept")
             snap = sb.snapshot()
             self.assertEqual((snap.state, snap.kind, snap.sandbox_id), ("ready", "filesystem", sb.id))
             self.assertIn(snap.id, [s.id for s in self.client.list_snapshots(sandbox_id=sb.id)])
             (fork,) = self.client.fork_snapshot(snap.id)
             try:
                 self.assertEqual(fork.state, "running")
-                self.assertEqual(fork.files.read_text("/data/note.txt"), "kept")
+                self.assertEqual(fork.files.read_text("/home/user/data/note.txt"), "kept")
             finally:
                 fork.delete()
             # Hibernate releases the instance; resume starts it again under the same id,
             # with its files, and the session still works.
-            sb.files.write_text("/data/later.txt", "after the snapshot")
+            sb.files.write_text("/home/user/data/later.txt", "after the snapshot")
             sb.hibernate()
             self.assertEqual(sb.state, "hibernated")
             with self.assertRaises(space.SpaceError):
                 sb.run("true")
             sb.resume()
             self.assertEqual(sb.state, "running")
-            self.assertEqual(sb.files.read_text("/data/later.txt"), "after the snapshot")
+            self.assertEqual(sb.files.read_text("/home/user/data/later.txt"), "after the snapshot")
         finally:
             sb.delete()
             for s in sorted(self.client.list_snapshots(sandbox_id=sb.id), key=lambda s: s.created_at, reverse=True):
