@@ -279,7 +279,7 @@ func TestBuildfileEndToEnd(t *testing.T) {
 			t.Errorf("%q: %d %v", bf, st, m)
 		}
 	}
-	if st, m := s.call(t, "POST", "/v1/templates/build?name=x", strings.NewReader("FROM minimal"), "text/plain"); st != 400 {
+	if st, m := s.call(t, "POST", "/v1/templates/build?name=x", strings.NewReader("FROM minimal"), "text/plain"); st != 415 {
 		t.Errorf("non-multipart: %d %v", st, m)
 	}
 	if st, m := s.call(t, "POST", "/v1/templates/build?name=Bad:Name:x", strings.NewReader(""), "text/plain"); st != 400 {
@@ -304,8 +304,17 @@ func TestBuildfileEndToEnd(t *testing.T) {
 	if st, m := s.call(t, "POST", "/v1/templates/build?name=x", big, bigType); st != 413 {
 		t.Errorf("huge build file: %d %v", st, m)
 	}
-	if st, m := s.call(t, "DELETE", "/v1/templates/minimal", nil, ""); st != 409 {
-		t.Errorf("delete builtin: %d %v", st, m)
+	// A builtin is public: read-only to a project key (403); an admin key
+	// may delete public templates, but not the builtins (409).
+	if st, m := s.call(t, "DELETE", "/v1/templates/minimal", nil, ""); st != 403 {
+		t.Errorf("delete builtin with a project key: %d %v", st, m)
+	}
+	admin, err := s.CreateKey("ops", "--admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.raw(t, admin, "DELETE", "/v1/templates/minimal"); st != 409 {
+		t.Errorf("delete builtin with an admin key: %d", st)
 	}
 	if left, _ := filepath.Glob(filepath.Join(os.TempDir(), "space-build-context-*")); len(left) > 0 {
 		t.Errorf("context dirs left: %v", left)
