@@ -53,6 +53,7 @@ func runNode(args []string) error {
 	fs.Int64Var(&nc.MemoryBytes, "memory-bytes", 0, "memory offered to the scheduler (default: the host's MemTotal)")
 	fs.IntVar(&nc.MaxSandboxes, "max-sandboxes", 0, "most sandboxes this node runs at once (0 = no bound)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "snapshot store shared with the other nodes: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); default: snapshots stay in <data-dir>/snapshots")
+	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	eg := egressFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return usageErr(helpOK(err))

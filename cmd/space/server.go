@@ -61,6 +61,7 @@ func runServer(args []string) error {
 	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
 	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
+	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", "", "audit log of security decisions, JSON lines (default <data-dir>/audit.log; - for stderr)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
 	if err := fs.Parse(args); err != nil {

@@ -55,6 +55,9 @@ type Options struct {
 	// exited), so the lifecycle can report it lost with the reason.
 	OnLost func(id, reason string)
 	Logf   func(string, ...any)
+	// Observer, if set, is told of starts, stops, commands and snapshots
+	// (metrics).
+	Observer Observer
 
 	// SnapshotDir holds the snapshot store (chunks and manifests); default
 	// <parent of LogDir>/snapshots.
@@ -218,7 +221,12 @@ func (n *Node) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.
 // first (a restore), which rules out a warm-pool instance. restore, if
 // set, replaces the driver's Create (a process snapshot's restore).
 func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress, initLayer func(context.Context, driver.Layer) error,
-	restore func(context.Context, driver.Spec) (driver.Instance, error)) (core.Placement, error) {
+	restore func(context.Context, driver.Spec) (driver.Instance, error)) (_ core.Placement, err error) {
+	t0, source := time.Now(), "cold"
+	if initLayer != nil || restore != nil {
+		source = "restore"
+	}
+	defer func() { n.observer().SandboxStarted(n.o.Driver.Name(), source, time.Since(t0), err) }()
 	tpl, err := n.o.Templates.Get(sb.TemplateKey())
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
@@ -226,8 +234,12 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	var inst driver.Instance
 	if initLayer == nil {
 		inst = n.claim(sb.TemplateKey())
+		if n.isWarmTemplate(sb.TemplateKey()) {
+			n.observer().WarmPoolClaim(sb.TemplateKey(), inst != nil)
+		}
 	}
 	if inst != nil {
+		source = "warm"
 		defer n.kickPool()
 		if err := inst.SetLimits(ctx, driverLimits(sb.Limits)); err != nil {
 			inst.Destroy(context.WithoutCancel(ctx))
@@ -314,8 +326,11 @@ func (n *Node) StopSandbox(ctx context.Context, id string) error {
 	if h == nil {
 		return nil
 	}
+	t0 := time.Now()
 	n.thaw(ctx, h) // a v1-frozen task would not even die
-	return h.destroy(ctx)
+	err := h.destroy(ctx)
+	n.observer().SandboxStopped(n.o.Driver.Name(), time.Since(t0), err)
+	return err
 }
 
 // AdoptSandbox implements core.Runtime.
@@ -563,7 +578,9 @@ func (c *Command) Exit() *agent.Exit {
 }
 
 // Exec starts a command and begins recording its output.
-func (s *Sandbox) Exec(ctx context.Context, spec agent.ProcessSpec) (*Command, error) {
+func (s *Sandbox) Exec(ctx context.Context, spec agent.ProcessSpec) (_ *Command, err error) {
+	t0 := time.Now()
+	defer func() { s.node.observer().CommandStarted(s.node.o.Driver.Name(), time.Since(t0), err) }()
 	s.mu.Lock()
 	n := len(s.cmds)
 	s.mu.Unlock()
@@ -679,6 +696,7 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 					}
 				}
 				c.finish(&ex)
+				s.node.observer().CommandExited(ExitReason(&ex))
 				return
 			}
 			if ev.Type != agent.EventStdout && ev.Type != agent.EventStderr {
@@ -691,6 +709,7 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 		}
 	}
 	c.finish(&agent.Exit{Code: -1, Error: "lost contact with the sandbox agent"})
+	s.node.observer().CommandExited("lost")
 }
 
 func (c *Command) finish(ex *agent.Exit) {

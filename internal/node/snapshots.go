@@ -86,8 +86,9 @@ func (n *Node) ResumeSandbox(ctx context.Context, id string) error {
 // and the driver restore them (gVisor, a VM), the checkpoint image is
 // stored in the same manifest, taken in the same frozen moment as the
 // layer (or alone, where the checkpoint holds the disk).
-func (n *Node) CaptureSnapshot(ctx context.Context, id string, chain []string) (string, core.SnapshotStats, error) {
-	var stats core.SnapshotStats
+func (n *Node) CaptureSnapshot(ctx context.Context, id string, chain []string) (_ string, stats core.SnapshotStats, err error) {
+	t0 := time.Now()
+	defer func() { n.observer().SnapshotCaptured(n.o.Driver.Name(), stats, time.Since(t0), err) }()
 	h, err := n.sandbox(id)
 	if err != nil {
 		return "", stats, err

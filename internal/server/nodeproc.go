@@ -250,7 +250,8 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if err != nil {
 		return nil, err // (not into p.store: a typed nil would be closed)
 	}
-	p.store = st
+	obs := newMetrics(cfg)
+	p.store = obs.Store(st)
 	var isNS bool
 	if p.ns, isNS = p.store.(core.NodeStore); !isNS {
 		return nil, fmt.Errorf("space node: the store keeps no node registry: %w", core.ErrInvalid)
@@ -292,8 +293,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		Network: p.net,
 		// The service is made below; sandboxes only die after StartNode returns.
-		OnLost: func(id, reason string) { p.svc.MarkLost(context.Background(), id, reason) },
-		Logf:   cfg.Logf,
+		OnLost:   func(id, reason string) { p.svc.MarkLost(context.Background(), id, reason) },
+		Logf:     cfg.Logf,
+		Observer: obs.Node(),
 	})
 	if err != nil {
 		return nil, err
@@ -363,6 +365,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf})
 	p.data = &http.Server{Handler: httpx.Limits(envd.Wrap(dataplane.New(dataplane.Options{Node: p.node, Sessions: sessions, Logf: cfg.Logf}))),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	if err := p.startMetrics(runCtx, obs); err != nil {
+		return nil, err
+	}
 	for _, s := range []struct {
 		srv *http.Server
 		ln  net.Listener

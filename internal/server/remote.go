@@ -56,6 +56,8 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
 		return nil, err
 	}
+	obs := newMetrics(cfg)
+	s.store = obs.Store(s.store)
 	if s.audit, err = openAudit(cfg); err != nil {
 		return nil, err
 	}
@@ -131,6 +133,9 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		},
 	}
 	s.ctrl = &http.Server{Handler: httpx.Limits(e2bAPI.Wrap(api.New(apiOpts))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {
+		return nil, err
+	}
 	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()

@@ -92,6 +92,9 @@ type Config struct {
 	// AuditLog is where security decisions go as JSON lines: a file path
 	// ("" = DataDir/audit.log) or "-" for standard error.
 	AuditLog string
+	// Metrics: Prometheus metrics (GET /metrics for admin keys, and the
+	// operator listener); see metrics.go.
+	Metrics MetricsConfig
 }
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
@@ -423,6 +426,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf); err != nil {
 		return nil, err
 	}
+	obs := newMetrics(cfg)
+	s.store = obs.Store(s.store)
 	if s.audit, err = openAudit(cfg); err != nil {
 		return nil, err
 	}
@@ -466,8 +471,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
 		Network: s.net,
 		// The service is made below; sandboxes only die after Start returns.
-		OnLost: func(id, reason string) { s.svc.MarkLost(context.Background(), id, reason) },
-		Logf:   cfg.Logf,
+		OnLost:   func(id, reason string) { s.svc.MarkLost(context.Background(), id, reason) },
+		Logf:     cfg.Logf,
+		Observer: obs.Node(),
 	})
 	if err != nil {
 		return nil, err
@@ -535,6 +541,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.ctrl = &http.Server{Handler: httpx.Limits(e2bAPI.Wrap(api.New(apiOpts))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	s.data = &http.Server{Handler: httpx.Limits(e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume}))),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
+		return nil, err
+	}
 	for _, p := range []struct {
 		srv *http.Server
 		ln  net.Listener

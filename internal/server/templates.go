@@ -35,6 +35,8 @@ type Templates struct {
 	logDir string // <data-dir>/template-builds: one directory per build operation
 	// readyTimeout bounds a pre-warm's wait for READY (0: prewarmReadyTimeout).
 	readyTimeout time.Duration
+	// onBuild, if set, is told of each builtin built at start (metrics).
+	onBuild func(source string, d time.Duration, err error)
 
 	mu       sync.Mutex
 	building map[string]bool
@@ -164,6 +166,7 @@ func (t *Templates) ensure(ctx context.Context, names []string, n *node.Node) {
 	t.mu.Unlock()
 	for _, name := range names {
 		last := -1
+		t0, missing := time.Now(), t.isBuilding(name)
 		_, err := t.m.EnsureBuiltin(ctx, name, func(stage string, done, total int64, msg string) {
 			pct := -1
 			if total > 0 {
@@ -180,6 +183,9 @@ func (t *Templates) ensure(ctx context.Context, names []string, n *node.Node) {
 			t.failed[name] = err.Error()
 		}
 		t.mu.Unlock()
+		if missing && t.onBuild != nil {
+			t.onBuild("builtin", time.Since(t0), err)
+		}
 		if err != nil {
 			t.logf("template %s: build failed: %v", name, err)
 			continue
