@@ -23,6 +23,7 @@ func commands() []command {
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},
 		{"template", "templates: list|build", runTemplate},
 		{"ops", "operations: get|watch", runOps},
+		{"doctor", "report what this host offers (KVM, runsc, cgroups, nftables, quotas, …) and the driver auto picks", runDoctor},
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
 		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},
 		{"version", "print the version (--json: as JSON)", runVersion},
