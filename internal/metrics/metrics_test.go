@@ -25,7 +25,7 @@ import (
 	"github.com/space-sandbox/space/internal/store/sqlite"
 )
 
-func openStore(t *testing.T) core.Store {
+func openStore(t testing.TB) core.Store {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "space.db"))
 	if err != nil {

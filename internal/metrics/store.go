@@ -15,7 +15,7 @@ import (
 // interfaces st implements (core.NodeStore, core.EventWatcher,
 // core.OwnedOperations) are kept.
 func (m *Metrics) Store(st core.Store) core.Store {
-	b := &store{inner: st, m: m}
+	b := &store{Store: st, m: m}
 	ns, isNS := st.(core.NodeStore)
 	ew, isEW := st.(core.EventWatcher)
 	oo, isOO := st.(core.OwnedOperations)
@@ -67,9 +67,11 @@ func (m *Metrics) Store(st core.Store) core.Store {
 	return b
 }
 
+// store times the methods it names; any other method of core.Store (one
+// added later) is the inner store's own, untimed, through the embedding.
 type store struct {
-	inner core.Store
-	m     *Metrics
+	core.Store
+	m *Metrics
 }
 
 func (s *store) done(method string, t0 time.Time, err error) {
@@ -81,98 +83,98 @@ func (s *store) done(method string, t0 time.Time, err error) {
 
 func (s *store) GetMeta(ctx context.Context, key string) ([]byte, error) {
 	t0 := time.Now()
-	v, err := s.inner.GetMeta(ctx, key)
+	v, err := s.Store.GetMeta(ctx, key)
 	s.done("GetMeta", t0, err)
 	return v, err
 }
 
 func (s *store) PutMetaIfAbsent(ctx context.Context, key string, val []byte) ([]byte, error) {
 	t0 := time.Now()
-	v, err := s.inner.PutMetaIfAbsent(ctx, key, val)
+	v, err := s.Store.PutMetaIfAbsent(ctx, key, val)
 	s.done("PutMetaIfAbsent", t0, err)
 	return v, err
 }
 
 func (s *store) CreateAPIKey(ctx context.Context, k core.APIKey) error {
 	t0 := time.Now()
-	err := s.inner.CreateAPIKey(ctx, k)
+	err := s.Store.CreateAPIKey(ctx, k)
 	s.done("CreateAPIKey", t0, err)
 	return err
 }
 
 func (s *store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
 	t0 := time.Now()
-	k, err := s.inner.GetAPIKey(ctx, id)
+	k, err := s.Store.GetAPIKey(ctx, id)
 	s.done("GetAPIKey", t0, err)
 	return k, err
 }
 
 func (s *store) ListAPIKeys(ctx context.Context, projectID string) ([]core.APIKey, error) {
 	t0 := time.Now()
-	l, err := s.inner.ListAPIKeys(ctx, projectID)
+	l, err := s.Store.ListAPIKeys(ctx, projectID)
 	s.done("ListAPIKeys", t0, err)
 	return l, err
 }
 
 func (s *store) RevokeAPIKey(ctx context.Context, projectID, id string, at time.Time) error {
 	t0 := time.Now()
-	err := s.inner.RevokeAPIKey(ctx, projectID, id, at)
+	err := s.Store.RevokeAPIKey(ctx, projectID, id, at)
 	s.done("RevokeAPIKey", t0, err)
 	return err
 }
 
 func (s *store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string) (core.Operation, bool, error) {
 	t0 := time.Now()
-	o, created, err := s.inner.CreateSandboxOp(ctx, sb, op, idemKey)
+	o, created, err := s.Store.CreateSandboxOp(ctx, sb, op, idemKey)
 	s.done("CreateSandboxOp", t0, err)
 	return o, created, err
 }
 
 func (s *store) GetSandbox(ctx context.Context, projectID, id string) (core.Sandbox, error) {
 	t0 := time.Now()
-	sb, err := s.inner.GetSandbox(ctx, projectID, id)
+	sb, err := s.Store.GetSandbox(ctx, projectID, id)
 	s.done("GetSandbox", t0, err)
 	return sb, err
 }
 
 func (s *store) ListSandboxes(ctx context.Context, f core.SandboxFilter) ([]core.Sandbox, error) {
 	t0 := time.Now()
-	l, err := s.inner.ListSandboxes(ctx, f)
+	l, err := s.Store.ListSandboxes(ctx, f)
 	s.done("ListSandboxes", t0, err)
 	return l, err
 }
 
 func (s *store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sandbox) error) (core.Sandbox, error) {
 	t0 := time.Now()
-	sb, err := s.inner.UpdateSandbox(ctx, id, fn)
+	sb, err := s.Store.UpdateSandbox(ctx, id, fn)
 	s.done("UpdateSandbox", t0, err)
 	return sb, err
 }
 
 func (s *store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]core.Sandbox, error) {
 	t0 := time.Now()
-	l, err := s.inner.ExpiredSandboxes(ctx, now)
+	l, err := s.Store.ExpiredSandboxes(ctx, now)
 	s.done("ExpiredSandboxes", t0, err)
 	return l, err
 }
 
 func (s *store) CreateOperation(ctx context.Context, op core.Operation, idemKey string) (core.Operation, bool, error) {
 	t0 := time.Now()
-	o, created, err := s.inner.CreateOperation(ctx, op, idemKey)
+	o, created, err := s.Store.CreateOperation(ctx, op, idemKey)
 	s.done("CreateOperation", t0, err)
 	return o, created, err
 }
 
 func (s *store) GetOperation(ctx context.Context, projectID, id string) (core.Operation, error) {
 	t0 := time.Now()
-	o, err := s.inner.GetOperation(ctx, projectID, id)
+	o, err := s.Store.GetOperation(ctx, projectID, id)
 	s.done("GetOperation", t0, err)
 	return o, err
 }
 
 func (s *store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	t0 := time.Now()
-	err := s.inner.UpdateOperation(ctx, op)
+	err := s.Store.UpdateOperation(ctx, op)
 	s.done("UpdateOperation", t0, err)
 	if err == nil && op.State.Done() {
 		s.m.operationDone(op)
@@ -182,71 +184,71 @@ func (s *store) UpdateOperation(ctx context.Context, op core.Operation) error {
 
 func (s *store) UnfinishedOperations(ctx context.Context) ([]core.Operation, error) {
 	t0 := time.Now()
-	l, err := s.inner.UnfinishedOperations(ctx)
+	l, err := s.Store.UnfinishedOperations(ctx)
 	s.done("UnfinishedOperations", t0, err)
 	return l, err
 }
 
 func (s *store) AppendEvent(ctx context.Context, e core.Event) (core.Event, error) {
 	t0 := time.Now()
-	ev, err := s.inner.AppendEvent(ctx, e)
+	ev, err := s.Store.AppendEvent(ctx, e)
 	s.done("AppendEvent", t0, err)
 	return ev, err
 }
 
 func (s *store) LatestEventSeq(ctx context.Context, projectID string) (int64, error) {
 	t0 := time.Now()
-	n, err := s.inner.LatestEventSeq(ctx, projectID)
+	n, err := s.Store.LatestEventSeq(ctx, projectID)
 	s.done("LatestEventSeq", t0, err)
 	return n, err
 }
 
 func (s *store) EventsAfter(ctx context.Context, projectID string, after int64, limit int) ([]core.Event, error) {
 	t0 := time.Now()
-	l, err := s.inner.EventsAfter(ctx, projectID, after, limit)
+	l, err := s.Store.EventsAfter(ctx, projectID, after, limit)
 	s.done("EventsAfter", t0, err)
 	return l, err
 }
 
 func (s *store) CreateSnapshotOp(ctx context.Context, snap core.Snapshot, op core.Operation, idemKey string) (core.Operation, bool, error) {
 	t0 := time.Now()
-	o, created, err := s.inner.CreateSnapshotOp(ctx, snap, op, idemKey)
+	o, created, err := s.Store.CreateSnapshotOp(ctx, snap, op, idemKey)
 	s.done("CreateSnapshotOp", t0, err)
 	return o, created, err
 }
 
 func (s *store) GetSnapshot(ctx context.Context, projectID, id string) (core.Snapshot, error) {
 	t0 := time.Now()
-	sn, err := s.inner.GetSnapshot(ctx, projectID, id)
+	sn, err := s.Store.GetSnapshot(ctx, projectID, id)
 	s.done("GetSnapshot", t0, err)
 	return sn, err
 }
 
 func (s *store) ListSnapshots(ctx context.Context, f core.SnapshotFilter) ([]core.Snapshot, error) {
 	t0 := time.Now()
-	l, err := s.inner.ListSnapshots(ctx, f)
+	l, err := s.Store.ListSnapshots(ctx, f)
 	s.done("ListSnapshots", t0, err)
 	return l, err
 }
 
 func (s *store) UpdateSnapshot(ctx context.Context, id string, fn func(*core.Snapshot) error) (core.Snapshot, error) {
 	t0 := time.Now()
-	sn, err := s.inner.UpdateSnapshot(ctx, id, fn)
+	sn, err := s.Store.UpdateSnapshot(ctx, id, fn)
 	s.done("UpdateSnapshot", t0, err)
 	return sn, err
 }
 
 func (s *store) DeleteSnapshot(ctx context.Context, projectID, id string) error {
 	t0 := time.Now()
-	err := s.inner.DeleteSnapshot(ctx, projectID, id)
+	err := s.Store.DeleteSnapshot(ctx, projectID, id)
 	s.done("DeleteSnapshot", t0, err)
 	return err
 }
 
-func (s *store) Close() error { return s.inner.Close() }
+func (s *store) Close() error { return s.Store.Close() }
 
 // Unwrap returns the store this one instruments.
-func (s *store) Unwrap() core.Store { return s.inner }
+func (s *store) Unwrap() core.Store { return s.Store }
 
 type nodeStore struct {
 	s  *store
