@@ -347,3 +347,27 @@ func TestServe(t *testing.T) {
 		t.Error("the listener still serves after its context ended")
 	}
 }
+
+func TestSnapshotBytes(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	o := m.Node()
+	// 10 MiB of files read, 3 MiB of them new chunks; a 4 MiB process
+	// image with 1 MiB new; 3+1 MiB chunks and a 2 KiB manifest stored.
+	o.SnapshotCaptured("gvisor", core.SnapshotStats{BytesRead: 10 << 20, ChunkBytes: 3 << 20, ProcessImageBytes: 4 << 20,
+		ProcessChunkBytes: 1 << 20, ManifestBytes: 2048, BytesStored: 4<<20 + 2048}, 30*time.Millisecond, nil)
+	o.SnapshotCaptured("gvisor", core.SnapshotStats{}, time.Millisecond, io.ErrUnexpectedEOF)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"read", value(m.snapshotBytes.WithLabelValues("read")), 14 << 20},
+		{"written", value(m.snapshotBytes.WithLabelValues("written")), 4<<20 + 2048},
+		{"deduplicated", value(m.snapshotBytes.WithLabelValues("deduplicated")), 10 << 20},
+		{"ok captures", value(m.snapshots.WithLabelValues("gvisor", "ok")), 1},
+		{"failed captures", value(m.snapshots.WithLabelValues("gvisor", "error")), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
