@@ -138,6 +138,7 @@ func TestMetricsDuringWorkload(t *testing.T) {
 	metricsAddr := freePort(t)
 	srv.Args = []string{"--builtins", "minimal", "--warm-templates", "minimal", "--warm-pool", "1",
 		"--metrics-listen", metricsAddr}
+	defer srv.RemoveCgroupBase() // after Stop: only empty groups go
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
