@@ -17,6 +17,7 @@ type egressOpts struct {
 	upstreamCA, credKeyFile string
 	metrics                 string
 	maxConns, qps           int
+	public, internal        string
 }
 
 func egressFlags(fs *flag.FlagSet) *egressOpts {
@@ -31,18 +32,47 @@ func egressFlags(fs *flag.FlagSet) *egressOpts {
 	fs.StringVar(&o.upstreamCA, "egress-upstream-ca", "", "PEM file of extra roots trusted for upstreams whose TLS the gateway terminates (added to the system roots)")
 	fs.StringVar(&o.credKeyFile, "egress-credential-key", "", "file holding the key that encrypts stored credentials (created if missing; default: a key kept in the store)")
 	fs.StringVar(&o.metrics, "egress-metrics", "", "serve the gateway's Prometheus counters at http://ADDR/metrics (unauthenticated; keep it on a private address)")
+	fs.StringVar(&o.public, "egress-public-ranges", "", "comma-separated CIDRs (IPv4, IPv6) that are internal by default but count as public here, e.g. a lab network; never loopback, link-local/metadata, the pool or the host's own networks")
+	fs.StringVar(&o.internal, "egress-internal-ranges", "", "comma-separated CIDRs (IPv4, IPv6) added to the internal ranges no sandbox may reach (they win over --egress-public-ranges)")
 	return o
+}
+
+// parseRanges reads a comma-separated CIDR list.
+func parseRanges(flagName, s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range splitList(s) {
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %q is not a CIDR (want e.g. 198.18.0.0/15 or 2001:db8::/32)", flagName, f)
+		}
+		if p != p.Masked() {
+			return nil, fmt.Errorf("--%s: %s has bits set past its prefix length; did you mean %s?", flagName, p, p.Masked())
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func (o *egressOpts) apply(cfg *server.Config) error {
 	if !o.on {
+		if o.public != "" || o.internal != "" {
+			return fmt.Errorf("--egress-public-ranges and --egress-internal-ranges need --egress")
+		}
 		return nil
+	}
+	public, err := parseRanges("egress-public-ranges", o.public)
+	if err != nil {
+		return err
+	}
+	internal, err := parseRanges("egress-internal-ranges", o.internal)
+	if err != nil {
+		return err
 	}
 	pool, err := netip.ParsePrefix(o.pool)
 	if err != nil || !pool.Addr().Is4() {
 		return fmt.Errorf("--egress-pool %q: want an IPv4 prefix", o.pool)
 	}
-	gc := egress.Config{MaxConns: o.maxConns, DNSQPS: o.qps}
+	gc := egress.Config{MaxConns: o.maxConns, DNSQPS: o.qps, Public: public, Deny: internal}
 	if o.dns != "" {
 		if gc.Upstream, err = netip.ParseAddrPort(o.dns); err != nil {
 			a, aerr := netip.ParseAddr(o.dns)

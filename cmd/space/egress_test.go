@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"testing"
 
@@ -35,7 +36,16 @@ func TestEgressFlags(t *testing.T) {
 	if cfg, _ = parse("--egress", "--egress-dns", "192.0.2.53:5353"); cfg.Egress.Gateway.Upstream.Port() != 5353 {
 		t.Errorf("dns port: %v", cfg.Egress.Gateway.Upstream)
 	}
-	for _, bad := range [][]string{{"--egress", "--egress-dns", "dns.example"}, {"--egress", "--egress-dns", "[::1]:53"}, {"--egress", "--egress-pool", "fd00::/64"}} {
+	cfg, err = parse("--egress", "--egress-public-ranges", "198.18.0.0/15, 2001:db8::/32", "--egress-internal-ranges", "198.18.99.0/24,fd12::/16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := cfg.Egress.Gateway; fmt.Sprint(g.Public) != "[198.18.0.0/15 2001:db8::/32]" || fmt.Sprint(g.Deny) != "[198.18.99.0/24 fd12::/16]" {
+		t.Errorf("ranges: public %v internal %v", g.Public, g.Deny)
+	}
+	for _, bad := range [][]string{{"--egress", "--egress-dns", "dns.example"}, {"--egress", "--egress-dns", "[::1]:53"}, {"--egress", "--egress-pool", "fd00::/64"},
+		{"--egress", "--egress-public-ranges", "198.18.0.1/15"}, {"--egress", "--egress-public-ranges", "lab.example"},
+		{"--egress", "--egress-internal-ranges", "10.0.0.0/33"}, {"--egress-public-ranges", "198.18.0.0/15"}, {"--egress-internal-ranges", "10.9.0.0/16"}} {
 		if _, err := parse(bad...); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

@@ -65,6 +65,11 @@ type Info struct {
 	DriverReason string `json:"driver_reason,omitempty"`
 	Egress       bool   `json:"egress"`
 	Runsc        string `json:"runsc,omitempty"`
+	// EgressRanges are the gateway's effective address sets (with egress).
+	EgressRanges *core.EgressRanges `json:"egress_ranges,omitempty"`
+	// NodeEgressRanges are those of each ready node with egress
+	// (--remote-nodes).
+	NodeEgressRanges map[string]*core.EgressRanges `json:"node_egress_ranges,omitempty"`
 }
 
 // Credentials stores a project's egress credentials. Secrets go in and

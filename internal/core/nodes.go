@@ -47,6 +47,8 @@ type NodeRecord struct {
 	// Egress: the node runs the egress gateway (space node --egress), so
 	// its sandboxes can have a policy other than blocked.
 	Egress bool `json:"egress,omitempty"`
+	// EgressRanges are its gateway's effective address sets.
+	EgressRanges *EgressRanges `json:"egress_ranges,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster

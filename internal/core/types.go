@@ -132,6 +132,19 @@ type NetworkPolicy struct {
 	Credentials []string `json:"credentials,omitempty"`
 }
 
+// EgressRanges are the address sets of an egress gateway, as it applies
+// them (GET /v1/info, node records).
+type EgressRanges struct {
+	// Internal is every range the gateway never dials for a sandbox, in
+	// any mode: the defaults (loopback, RFC 1918, CGNAT, link-local and
+	// metadata, ..., all IPv6 for now), the sandbox pool, the host's own
+	// networks and --egress-internal-ranges, less --egress-public-ranges.
+	// Disjoint CIDRs, sorted.
+	Internal []string `json:"internal"`
+	// Public are the ranges --egress-public-ranges declares public.
+	Public []string `json:"public"`
+}
+
 // Credential is a secret stored by the platform (encrypted at rest) and
 // bound to one upstream slot. The secret itself is never returned; a
 // sandbox that has it attached sends Placeholder in its place.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -54,6 +55,10 @@ type APIOptions struct {
 	Now        func() time.Time
 	// Audit receives refused cross-project access (nil: discarded).
 	Audit *audit.Log
+	// InternalRange reports whether every address of a range is internal
+	// to the egress gateway (never dialled in any mode): an E2B denyOut of
+	// such ranges is what SPACE's open mode does anyway. nil: none is.
+	InternalRange func(netip.Prefix) bool
 }
 
 // DefaultAliases is the alias table used when APIOptions.Aliases is nil.
@@ -87,6 +92,7 @@ var restRoutes = []struct {
 	{"POST /sandboxes/{id}/pause", (*API).pause},
 	{"POST /sandboxes/{id}/resume", (*API).resume},
 	{"GET /sandboxes/{id}/metrics", (*API).metrics},
+	{"PUT /sandboxes/{id}/network", (*API).updateNetwork},
 }
 
 // Routes returns "METHOD pattern" for every E2B control route (for tests).
@@ -131,8 +137,8 @@ func NewAPI(o APIOptions) *API {
 		})
 	}
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		// Known E2B features SPACE does not have (fork, snapshots, network
-		// updates, logs, templates) answer 501 rather than a 404 the SDK
+		// Known E2B features SPACE does not have (fork, snapshots, logs,
+		// templates) answer 501 rather than a 404 the SDK
 		// would read as "sandbox not found".
 		writeError(w, httpx.Errorf(http.StatusNotImplemented, "not_implemented",
 			"%s %s is not supported by SPACE's E2B compatibility layer (see docs/e2b-compat.md)", r.Method, r.URL.Path))
@@ -271,11 +277,11 @@ type newSandboxReq struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	VolumeMounts []json.RawMessage `json:"volumeMounts"`
-	// Accepted and not enforced here: SPACE sandboxes have no network
-	// (stricter than any E2B network setting), and every envd is secured.
-	Secure              *bool           `json:"secure"`
-	AllowInternetAccess *bool           `json:"allow_internet_access"`
-	Network             json.RawMessage `json:"network"`
+	// Accepted: every envd is secured.
+	Secure *bool `json:"secure"`
+	// Mapped onto a SPACE network policy (network.go).
+	AllowInternetAccess *bool       `json:"allow_internet_access"`
+	Network             *e2bNetwork `json:"network"`
 }
 
 // sandboxResp is E2B's Sandbox (create/connect answer).
@@ -314,6 +320,9 @@ type detail struct {
 		OnTimeout  string `json:"onTimeout"`
 		AutoResume bool   `json:"autoResume"`
 	} `json:"lifecycle"`
+	// The sandbox's SPACE network policy in E2B's terms (network.go).
+	AllowInternetAccess *bool           `json:"allowInternetAccess"`
+	Network             *e2bNetworkInfo `json:"network,omitempty"`
 }
 
 const clientID = "space"
@@ -392,9 +401,16 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if timeout <= 0 || timeout > core.MaxTimeoutSecond {
 		return errf(http.StatusBadRequest, "timeout must be between 1 and %d seconds", core.MaxTimeoutSecond)
 	}
+	// The v1 route gets allow_internet_access: true from every SDK that
+	// uses it (JS before 2.51, Python) whether or not the caller set it:
+	// there it is E2B's default, not a request for the internet.
+	network, err := mapNetwork(req.AllowInternetAccess, strings.HasPrefix(r.URL.Path, "/v2/"), req.Network, a.o.InternalRange)
+	if err != nil {
+		return err
+	}
 	sb, op, err := a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
 		Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
-		OnTimeout: onTimeout, AutoResume: autoResume,
+		OnTimeout: onTimeout, AutoResume: autoResume, Network: network,
 	}, "")
 	if errors.Is(err, core.ErrNotFound) {
 		return errf(http.StatusNotFound, "template %.64q not found", alias)
@@ -449,6 +465,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 		d.Lifecycle.OnTimeout = "pause"
 	}
 	d.Lifecycle.AutoResume = sb.AutoResume
+	d.AllowInternetAccess, d.Network = networkInfo(sb.Network)
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }

@@ -36,12 +36,19 @@ type Config struct {
 	// Upstream is the resolver the gateway asks (IPv4 UDP, TCP fallback);
 	// default: the first IPv4 nameserver of /etc/resolv.conf.
 	Upstream netip.AddrPort
-	// Deny lists extra internal ranges (the sandbox pool, the host's own
-	// networks are always internal).
+	// Deny lists extra internal ranges (--egress-internal-ranges; the
+	// sandbox pool and the host's own networks are always internal).
 	Deny []netip.Prefix
-	// Public declares reserved ranges public. Only for the offline test
-	// harness, whose fake internet lives in the documentation ranges.
+	// Public declares ranges that are internal by default public
+	// (--egress-public-ranges: a lab network, the offline test harness's
+	// fake internet in the documentation ranges). New refuses one that
+	// overlaps loopback, link-local and metadata, the other ranges of
+	// never, Pool or a network of the host's own interfaces. Deny wins
+	// over Public.
 	Public []netip.Prefix
+	// Pool is the sandbox address pool (set by NewNetwork): internal, and
+	// never public.
+	Pool netip.Prefix
 	// DNSPort and ProxyPort are the per-sandbox listening ports on GW.
 	DNSPort, ProxyPort uint16
 	// MaxConns bounds a sandbox's concurrent proxied connections (256).
@@ -128,8 +135,26 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	return &Gateway{cfg: cfg, filter: newIPFilter(cfg.Deny, cfg.Public), sbx: map[string]*sandbox{}}, nil
+	host := hostNetworks()
+	if err := checkPublic(cfg.Public, cfg.Pool, host); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	deny := append([]netip.Prefix(nil), cfg.Deny...)
+	if cfg.Pool.IsValid() {
+		deny = append(deny, cfg.Pool.Masked())
+	}
+	filter := &ipFilter{deny: append(deny, host...), public: append([]netip.Prefix(nil), cfg.Public...)}
+	return &Gateway{cfg: cfg, filter: filter, sbx: map[string]*sandbox{}}, nil
 }
+
+// Ranges returns the gateway's effective address sets: every address it
+// never dials for a sandbox (disjoint prefixes, sorted) and the ranges
+// declared public.
+func (g *Gateway) Ranges() (internal, public []netip.Prefix) { return g.filter.ranges() }
+
+// Internal reports whether every address of p is internal here: never
+// dialled for a sandbox, in any mode.
+func (g *Gateway) Internal(p netip.Prefix) bool { return g.filter.covered(p) }
 
 func resolvConfUpstream(path string) (netip.AddrPort, error) {
 	b, err := os.ReadFile(path)

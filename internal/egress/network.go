@@ -4,10 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"regexp"
+	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/netns"
 )
+
+// defaultPool is netns.Config's default Pool.
+var defaultPool = netip.MustParsePrefix("10.200.0.0/16")
 
 // Network joins each sandbox's link and host rules (netns) with the
 // gateway that serves it. Its Setup is the namespace driver's Network hook:
@@ -22,13 +29,21 @@ type Network struct {
 // NewNetwork creates the host table and the gateway. The sandbox pool is
 // always internal to the gateway.
 func NewNetwork(lc netns.Config, gc Config) (*Network, error) {
+	// Refuse bad public ranges before the host table exists.
+	pool := lc.Pool
+	if !pool.IsValid() {
+		pool = defaultPool
+	}
+	if err := checkPublic(gc.Public, pool.Masked(), hostNetworks()); err != nil {
+		return nil, err
+	}
 	links, err := netns.New(lc)
 	if err != nil {
 		return nil, err
 	}
 	eff := links.Config()
 	gc.DNSPort, gc.ProxyPort = eff.DNSPort, eff.ProxyPort
-	gc.Deny = append(append([]netip.Prefix(nil), gc.Deny...), eff.Pool)
+	gc.Pool = eff.Pool
 	gw, err := New(gc)
 	if err != nil {
 		return nil, err
@@ -94,6 +109,40 @@ func (n *Network) Counters(id string) (map[string]uint64, error) { return n.Link
 // Close stops the gateway. Links and rules stay: sandboxes outlive the
 // node process, and with the gateway gone their connections are refused.
 func (n *Network) Close() { n.GW.Close() }
+
+// RemoveIfUnused deletes the host table once no sandbox link of this
+// network is left on the host (a node shutting down with no sandboxes).
+// A link still there (a netns dies with its PID 1, a moment after) is
+// waited for up to wait; if one remains, the table stays: it is what keeps
+// that sandbox's traffic from being routed (R1). It reports whether the
+// table is gone.
+func (n *Network) RemoveIfUnused(wait time.Duration) (bool, error) {
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(n.Links.Config().IfPrefix) + `[0-9a-f]{1,8}$`)
+	deadline := time.Now().Add(wait)
+	for {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return false, err
+		}
+		var left []string
+		for _, l := range links {
+			if re.MatchString(l.Attrs().Name) {
+				left = append(left, l.Attrs().Name)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("egress: table %s kept: sandbox links %v are still on the host", n.Links.Config().Table, left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := n.Links.Destroy(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
 
 // WrapDriver returns d with each instance's network released when the
 // instance is destroyed or fails to start, re-adopted on Attach and swept

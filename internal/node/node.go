@@ -492,6 +492,14 @@ func (n *Node) Sandbox(id string) (*Sandbox, error) {
 	return h, nil
 }
 
+// Count returns how many sandboxes the node runs (after Close: the ones
+// that outlive the process; warm-pool sandboxes are not counted).
+func (n *Node) Count() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.sandboxes)
+}
+
 // Close stops background work and destroys warm-pool sandboxes. Running
 // sandboxes are left alone: they outlive the server process.
 func (n *Node) Close(ctx context.Context) {

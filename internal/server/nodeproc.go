@@ -75,6 +75,7 @@ type NodeProcess struct {
 	// Config.Egress); metrics serves its counters.
 	net     *egress.Network
 	metrics *http.Server
+	ranges  *core.EgressRanges // its effective sets, in the heartbeat
 }
 
 // trackedRuntime is the node's runtime with the capacity it has committed
@@ -266,6 +267,8 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		if p.metrics, err = serveMetrics(cfg.Egress.MetricsListen, p.net.GW, cfg.Logf); err != nil {
 			return nil, fmt.Errorf("egress: %w", err)
 		}
+		logRanges(cfg.Logf, p.net)
+		p.ranges = egressRanges(p.net)
 	}
 	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
@@ -416,7 +419,7 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
 		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Templates: names,
-		SnapshotStore: p.snapStore, Egress: p.net != nil, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
+		SnapshotStore: p.snapStore, Egress: p.net != nil, EgressRanges: p.ranges, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err
 	}
@@ -469,9 +472,13 @@ func (p *NodeProcess) RPCAddr() string  { return p.rpcLn.Addr().String() }
 func (p *NodeProcess) DataAddr() string { return p.dataLn.Addr().String() }
 
 // Shutdown stops serving. Sandboxes keep running: a node restarted within
-// the cluster's heartbeat timeout re-adopts them.
+// the cluster's heartbeat timeout re-adopts them. With none left, the host
+// table, the sandbox cgroups and the run dir are removed (tidyHost).
 func (p *NodeProcess) Shutdown(ctx context.Context) error {
 	p.closeAll(ctx)
+	if p.node != nil {
+		tidyHost(p.cfg, p.node.Count(), p.net)
+	}
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/store/postgres"
 )
@@ -121,15 +122,18 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if s.ctrlLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+	// Nodes may declare different public ranges: an E2B denyOut maps onto
+	// open mode only for ranges no node can make public.
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: egress.AlwaysInternal})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit,
 		Info: func() api.Info {
+			egress, ranges := remoteEgress(remote, cfg.NodeTimeout)
 			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes",
-				Egress: remoteEgress(remote, cfg.NodeTimeout)}
+				Egress: egress, NodeEgressRanges: ranges}
 		},
 	}
 	s.ctrl = &http.Server{Handler: httpx.Limits(e2bAPI.Wrap(api.New(apiOpts))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
@@ -233,19 +237,28 @@ func (t *remoteTemplates) BuildTemplate(ctx context.Context, req core.TemplateBu
 	return core.TemplateInfo{}, fmt.Errorf("this server runs sandboxes on remote nodes; build templates on the nodes (space node --builtins, space template build --data-dir): %w", core.ErrUnavailable)
 }
 
-// remoteEgress reports whether some ready node runs the egress gateway.
-func remoteEgress(r *cluster.Remote, timeout time.Duration) bool {
+// remoteEgress reports whether some ready node runs the egress gateway,
+// and the effective address sets of each such node.
+func remoteEgress(r *cluster.Remote, timeout time.Duration) (bool, map[string]*core.EgressRanges) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	nodes, err := r.Nodes(ctx)
 	if err != nil {
-		return false
+		return false, nil
 	}
 	now := time.Now()
+	on := false
+	var ranges map[string]*core.EgressRanges
 	for _, n := range nodes {
 		if n.Kind == core.NodeKindNode && n.State == core.NodeReady && n.Egress && now.Sub(n.HeartbeatAt) <= timeout {
-			return true
+			on = true
+			if n.EgressRanges != nil {
+				if ranges == nil {
+					ranges = map[string]*core.EgressRanges{}
+				}
+				ranges[n.Name] = n.EgressRanges
+			}
 		}
 	}
-	return false
+	return on, ranges
 }

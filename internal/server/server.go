@@ -441,6 +441,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if s.metrics, err = serveMetrics(cfg.Egress.MetricsListen, s.net.GW, cfg.Logf); err != nil {
 			return nil, fmt.Errorf("egress: %w", err)
 		}
+		logRanges(cfg.Logf, s.net)
 	}
 	drv, driverReason, err := pickDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
@@ -516,8 +517,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	// E2B compatibility: its REST paths (/sandboxes, /v2/sandboxes, ...) on
 	// the control listener, envd (routed by E2b-Sandbox-Id) on the data one.
+	internalRange := egress.AlwaysInternal
+	if s.net != nil {
+		internalRange = s.net.GW.Internal
+	}
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: internalRange})
 	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
@@ -527,8 +532,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.creds != nil {
 		apiOpts.Credentials = s.creds
 	}
+	ranges := egressRanges(s.net)
 	apiOpts.Info = func() api.Info {
-		in := api.Info{Driver: drv.Name(), DriverReason: driverReason, Egress: s.net != nil}
+		in := api.Info{Driver: drv.Name(), DriverReason: driverReason, Egress: s.net != nil, EgressRanges: ranges}
 		if g, ok := gvisorOf(drv); ok {
 			path, version := g.Runsc()
 			in.Runsc = path + " (" + version + ")"
@@ -630,9 +636,13 @@ func (s *Server) Node() *node.Node { return s.node }
 func (s *Server) Network() *egress.Network { return s.net }
 
 // Shutdown stops serving. Running sandboxes keep running; the next start
-// re-adopts them.
+// re-adopts them. With none left, the host table, the sandbox cgroups and
+// the run dir are removed (tidyHost).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeAll(ctx)
+	if s.node != nil {
+		tidyHost(s.cfg, s.node.Count(), s.net)
+	}
 	return nil
 }
 

@@ -88,6 +88,9 @@ type startOptions struct {
 	// noWarmPool keeps no warm pool (the qemu run: a pool VM would boot
 	// beside the test's own).
 	noWarmPool bool
+	// public and internal are added to the gateway's public ranges (the
+	// harness's documentation ranges) and internal ranges.
+	public, internal []netip.Prefix
 }
 
 func startOpts(t *testing.T, o startOptions) *env {
@@ -178,7 +181,8 @@ func startOpts(t *testing.T, o startOptions) *env {
 		Gateway: egress.Config{
 			Upstream: netip.MustParseAddrPort(upstreamDNS + ":53"),
 			// The fake internet lives in documentation ranges (test-only).
-			Public:        []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("198.51.100.0/24")},
+			Public:        append([]netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("198.51.100.0/24")}, o.public...),
+			Deny:          o.internal,
 			MaxConns:      8,
 			HelloTimeout:  2 * time.Second,
 			UpstreamRoots: e.wan.roots,

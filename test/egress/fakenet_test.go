@@ -216,7 +216,7 @@ func startWAN() (_ *wan, err error) {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return nil, err
 	}
-	for _, a := range []string{upstreamDNS, edgeIP, attackerIP, apiIP, apiSiblingIP} {
+	for _, a := range append([]string{upstreamDNS, edgeIP, attackerIP, apiIP, apiSiblingIP}, labIPs...) {
 		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 			return nil, fmt.Errorf("wan address %s: %w", a, err)
 		}
@@ -245,6 +245,9 @@ func startWAN() (_ *wan, err error) {
 		return nil, err
 	}
 	if err := w.serveAPI(); err != nil {
+		return nil, err
+	}
+	if err := w.serveLab(); err != nil {
 		return nil, err
 	}
 	back()

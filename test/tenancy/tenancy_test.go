@@ -667,6 +667,9 @@ func routeCases() map[string]func(*testing.T, *world) {
 		"e2b POST /sandboxes/{id}/pause":  func(t *testing.T, w *world) { w.e2bRefused(t, "POST", "/sandboxes/"+w.sbA.ID+"/pause", nil) },
 		"e2b POST /sandboxes/{id}/resume": func(t *testing.T, w *world) { w.e2bRefused(t, "POST", "/sandboxes/"+w.sbA.ID+"/resume", nil) },
 		"e2b GET /sandboxes/{id}/metrics": func(t *testing.T, w *world) { w.e2bRefused(t, "GET", "/sandboxes/"+w.sbA.ID+"/metrics", nil) },
+		"e2b PUT /sandboxes/{id}/network": func(t *testing.T, w *world) {
+			w.e2bRefused(t, "PUT", "/sandboxes/"+w.sbA.ID+"/network", map[string]any{"allow_internet_access": false})
+		},
 	}
 	// The data plane: B's session token (valid, for B's own sandbox) on
 	// each of A's sandbox routes.

@@ -47,6 +47,10 @@ type Server struct {
 	Args []string
 	// Driver is the --driver flag; "" = $SPACE_TEST_DRIVER, else namespace.
 	Driver string
+	// Wrap, if set, runs the server through this command (e.g. nsenter
+	// into a network namespace the test made); it must exec the server
+	// so that signals reach it.
+	Wrap []string
 
 	cmd *exec.Cmd
 }
@@ -107,7 +111,8 @@ func (s *Server) Start() error {
 	args := append([]string{"server", "--driver", drv, "--data-dir", s.DataDir, "--run-dir", s.RunDir,
 		"--template-dir", s.TemplateDir, "--listen", ctrl, "--data-listen", data,
 		"--addr-file", addrFile}, s.Args...)
-	s.cmd = exec.Command(s.Bin, args...)
+	argv := append(append(append([]string(nil), s.Wrap...), s.Bin), args...)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		logf.Close()
