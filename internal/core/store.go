@@ -55,5 +55,14 @@ type Store interface {
 	// snapshot (creating or ready) names it as its parent.
 	DeleteSnapshot(ctx context.Context, projectID, id string) error
 
+	// PruneEnded deletes, in one short batch of at most limit rows per
+	// kind, records that ended before cutoff: sandboxes in a terminal state
+	// (deleted, failed, lost) since then that no snapshot names, finished
+	// operations (by their last update) whose target is not a live
+	// sandbox, and events. Unfinished operations, live sandboxes and
+	// snapshots are never pruned. It uses indexed time columns, never a
+	// scan of every row (see Pruner).
+	PruneEnded(ctx context.Context, cutoff time.Time, limit int) (PruneCounts, error)
+
 	Close() error
 }

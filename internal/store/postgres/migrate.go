@@ -49,6 +49,25 @@ CREATE TABLE IF NOT EXISTS nodes (
 `,
 		// 3: operator (admin) keys.
 		`ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS admin BOOLEAN NOT NULL DEFAULT false;`,
+		// 4: retention (PruneEnded): indexed times of a sandbox's end, an
+		// operation's finish and an event's store, and an operation's
+		// target. What had already ended counts as ended at the upgrade.
+		`
+ALTER TABLE sandboxes ADD COLUMN IF NOT EXISTS ended_at BIGINT;
+ALTER TABLE operations ADD COLUMN IF NOT EXISTS target TEXT COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE operations ADD COLUMN IF NOT EXISTS done_at BIGINT;
+ALTER TABLE events ADD COLUMN IF NOT EXISTS created_at BIGINT;
+UPDATE sandboxes SET ended_at = (extract(epoch FROM now()) * 1e9)::bigint
+  WHERE ended_at IS NULL AND state IN ('deleted','failed','lost');
+UPDATE operations SET target = COALESCE(doc::jsonb->>'target', ''),
+  done_at = CASE WHEN state IN ('succeeded','failed','cancelled') THEN (extract(epoch FROM now()) * 1e9)::bigint END;
+UPDATE events SET created_at = (extract(epoch FROM now()) * 1e9)::bigint WHERE created_at IS NULL;
+CREATE INDEX IF NOT EXISTS sandboxes_ended ON sandboxes(ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS operations_done ON operations(done_at) WHERE done_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS operations_open_target ON operations(target) WHERE done_at IS NULL;
+CREATE INDEX IF NOT EXISTS events_created ON events(created_at);
+CREATE INDEX IF NOT EXISTS snapshots_sandbox ON snapshots(sandbox_id);
+`,
 	}
 }
 

@@ -282,8 +282,8 @@ func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Op
 		return op, false, fmt.Errorf("encode metadata: %w", err)
 	}
 	return s.createWithOp(ctx, op, idemKey, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO sandboxes(id,project_id,state,node,expires_at,metadata,doc) VALUES($1,$2,$3,$4,$5,$6,$7)`,
-			sb.ID, sb.ProjectID, string(sb.State), sb.Node, sandboxExpiry(sb), string(md), string(doc)); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO sandboxes(id,project_id,state,node,expires_at,ended_at,metadata,doc) VALUES($1,$2,$3,$4,$5,$6,$7,$8)`,
+			sb.ID, sb.ProjectID, string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(doc)); err != nil {
 			return fmt.Errorf("insert sandbox: %w", err)
 		}
 		return nil
@@ -399,8 +399,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sand
 		if err != nil {
 			return fmt.Errorf("encode metadata: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE sandboxes SET state=$1, node=$2, expires_at=$3, metadata=$4, doc=$5 WHERE id=$6`,
-			string(sb.State), sb.Node, sandboxExpiry(sb), string(md), string(nd), id); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE sandboxes SET state=$1, node=$2, expires_at=$3, ended_at=$4, metadata=$5, doc=$6 WHERE id=$7`,
+			string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(nd), id); err != nil {
 			return fmt.Errorf("update sandbox: %w", err)
 		}
 		return nil
@@ -427,9 +427,9 @@ func (s *Store) insertOp(ctx context.Context, q querier, op core.Operation, idem
 	if err != nil {
 		return false, fmt.Errorf("encode operation: %w", err)
 	}
-	tag, err := q.Exec(ctx, `INSERT INTO operations(id,project_id,state,idem_key,owner,doc) VALUES($1,$2,$3,$4,$5,$6)
+	tag, err := q.Exec(ctx, `INSERT INTO operations(id,project_id,state,idem_key,owner,target,done_at,doc) VALUES($1,$2,$3,$4,$5,$6,$7,$8)
 		ON CONFLICT (project_id, idem_key) DO NOTHING`,
-		op.ID, op.ProjectID, string(op.State), nullString(idemKey), s.node, string(doc))
+		op.ID, op.ProjectID, string(op.State), nullString(idemKey), s.node, op.Target, opDone(op), string(doc))
 	if err != nil {
 		return false, fmt.Errorf("insert operation: %w", err)
 	}
@@ -477,7 +477,7 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE operations SET state=$1, doc=$2 WHERE id=$3`, string(op.State), string(doc), op.ID)
+	tag, err := s.pool.Exec(ctx, `UPDATE operations SET state=$1, done_at=$2, doc=$3 WHERE id=$4`, string(op.State), opDone(op), string(doc), op.ID)
 	if err != nil {
 		return fmt.Errorf("update operation: %w", err)
 	}
@@ -524,8 +524,8 @@ func (s *Store) AppendEvent(ctx context.Context, e core.Event) (core.Event, erro
 	}
 	var seq int64
 	err = s.pool.QueryRow(ctx, `WITH c AS (UPDATE event_seq SET seq = seq + 1 WHERE id = 1 RETURNING seq),
-		i AS (INSERT INTO events(seq, project_id, doc) SELECT seq, $1, $2 FROM c RETURNING seq)
-		SELECT i.seq FROM i, LATERAL (SELECT pg_notify('`+EventChannel+`', $1)) n`, e.ProjectID, string(doc)).Scan(&seq)
+		i AS (INSERT INTO events(seq, project_id, created_at, doc) SELECT seq, $1, $3, $2 FROM c RETURNING seq)
+		SELECT i.seq FROM i, LATERAL (SELECT pg_notify('`+EventChannel+`', $1)) n`, e.ProjectID, string(doc), eventTime(e)).Scan(&seq)
 	if err != nil {
 		return e, fmt.Errorf("append event: %w", err)
 	}

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
   state TEXT NOT NULL, created_at INTEGER NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS snapshots_order ON snapshots(created_at, id);
 CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
+CREATE INDEX IF NOT EXISTS snapshots_sandbox ON snapshots(sandbox_id);
 CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at INTEGER NOT NULL, doc TEXT NOT NULL);
 `
@@ -82,7 +83,11 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
 	}
-	if err := addColumn(ctx, db, "api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"); err != nil {
+	if _, err := addColumn(ctx, db, "api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
+	}
+	if err := migrateRetention(ctx, db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
 	}
@@ -90,27 +95,27 @@ func Open(ctx context.Context, path string) (*Store, error) {
 }
 
 // addColumn adds a column to a table made by an older schema (SQLite has no
-// ADD COLUMN IF NOT EXISTS).
-func addColumn(ctx context.Context, db *sql.DB, table, col, def string) error {
+// ADD COLUMN IF NOT EXISTS) and reports whether it did.
+func addColumn(ctx context.Context, db dbtx, table, col, def string) (bool, error) {
 	rows, err := db.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, table)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var name string
 		if err := rows.Scan(&name); err != nil {
-			return err
+			return false, err
 		}
 		if name == col {
-			return nil
+			return false, nil
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return false, err
 	}
 	_, err = db.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN `+col+` `+def)
-	return err
+	return err == nil, err
 }
 
 // Close closes the database.
@@ -241,8 +246,8 @@ func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Op
 	if err != nil {
 		return op, false, fmt.Errorf("encode sandbox: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id,project_id,state,expires_at,doc) VALUES(?,?,?,?,?)`,
-		sb.ID, sb.ProjectID, string(sb.State), sandboxExpiry(sb), string(doc)); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id,project_id,state,expires_at,ended_at,doc) VALUES(?,?,?,?,?,?)`,
+		sb.ID, sb.ProjectID, string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(doc)); err != nil {
 		return op, false, fmt.Errorf("insert sandbox: %w", err)
 	}
 	if err := insertOp(ctx, tx, op, idemKey); err != nil {
@@ -353,8 +358,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sand
 	if err != nil {
 		return sb, fmt.Errorf("encode sandbox: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=?, doc=? WHERE id=?`,
-		string(sb.State), sandboxExpiry(sb), string(nd), id); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=?, ended_at=?, doc=? WHERE id=?`,
+		string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(nd), id); err != nil {
 		return sb, fmt.Errorf("update sandbox: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -399,8 +404,8 @@ func insertOp(ctx context.Context, x execer, op core.Operation, idemKey string) 
 	if idemKey != "" {
 		key = idemKey
 	}
-	if _, err := x.ExecContext(ctx, `INSERT INTO operations(id,project_id,state,idem_key,doc) VALUES(?,?,?,?,?)`,
-		op.ID, op.ProjectID, string(op.State), key, string(doc)); err != nil {
+	if _, err := x.ExecContext(ctx, `INSERT INTO operations(id,project_id,state,idem_key,target,done_at,doc) VALUES(?,?,?,?,?,?,?)`,
+		op.ID, op.ProjectID, string(op.State), key, op.Target, opDone(op), string(doc)); err != nil {
 		return fmt.Errorf("insert operation: %w", err)
 	}
 	return nil
@@ -463,7 +468,7 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE operations SET state=?, doc=? WHERE id=?`, string(op.State), string(doc), op.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE operations SET state=?, done_at=?, doc=? WHERE id=?`, string(op.State), opDone(op), string(doc), op.ID)
 	if err != nil {
 		return fmt.Errorf("update operation: %w", err)
 	}
@@ -501,7 +506,7 @@ func (s *Store) AppendEvent(ctx context.Context, e core.Event) (core.Event, erro
 	if err != nil {
 		return e, fmt.Errorf("encode event: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events(project_id,doc) VALUES(?,?)`, e.ProjectID, string(doc))
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events(project_id,created_at,doc) VALUES(?,?,?)`, e.ProjectID, eventTime(e), string(doc))
 	if err != nil {
 		return e, fmt.Errorf("append event: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/space-sandbox/space/internal/core"
@@ -81,4 +82,74 @@ INSERT INTO api_keys VALUES('old','p1','n',x'01',1,NULL);`); err != nil {
 		}
 		s.Close()
 	}
+}
+
+// TestPrunePlans: every prune batch walks an index from its oldest row;
+// none scans a whole table (a prune must stay cheap however many live
+// rows there are).
+func TestPrunePlans(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, q := range pruneQueries {
+		rows, err := s.db.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q.sql, int64(1), 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		for _, d := range plan {
+			if strings.HasPrefix(d, "SCAN ") && !strings.Contains(d, "USING") {
+				t.Errorf("prune %s scans a table: %q\nplan: %q", q.what, d, plan)
+			}
+			if strings.Contains(d, "TEMP B-TREE") {
+				t.Errorf("prune %s sorts: %q\nplan: %q", q.what, d, plan)
+			}
+		}
+		t.Logf("%s: %q", q.what, plan)
+	}
+}
+
+// A store from before retention with ended records migrates: what had
+// ended counts as ended at the upgrade, so it is pruned one retention
+// window later, not at once; live records are untouched.
+func TestMigrateRetention(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(schema + `
+INSERT INTO sandboxes(id,project_id,state,doc) VALUES
+  ('sbx-old','p1','deleted','{"id":"sbx-old","project_id":"p1","state":"deleted"}'),
+  ('sbx-run','p1','running','{"id":"sbx-run","project_id":"p1","state":"running"}');
+INSERT INTO operations(id,project_id,state,doc) VALUES
+  ('op-old','p1','succeeded','{"id":"op-old","project_id":"p1","kind":"sandbox.create","target":"sbx-old","state":"succeeded"}'),
+  ('op-run','p1','running','{"id":"op-run","project_id":"p1","kind":"sandbox.delete","target":"sbx-run","state":"running"}');
+INSERT INTO events(project_id,doc) VALUES ('p1','{"project_id":"p1","type":"x","data":{}}');`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var target string
+	if err := s.db.QueryRowContext(ctx, `SELECT target FROM operations WHERE id='op-run'`).Scan(&target); err != nil || target != "sbx-run" {
+		t.Fatalf("backfilled target: %q %v", target, err)
+	}
+	storetest.CheckMigratedRetention(t, s)
 }
