@@ -18,6 +18,7 @@ type egressOpts struct {
 	metrics                 string
 	maxConns, qps           int
 	public, internal        string
+	ipv6, pool6             string
 }
 
 func egressFlags(fs *flag.FlagSet) *egressOpts {
@@ -34,6 +35,8 @@ func egressFlags(fs *flag.FlagSet) *egressOpts {
 	fs.StringVar(&o.metrics, "egress-metrics", "", "serve the gateway's Prometheus counters at http://ADDR/metrics (unauthenticated; keep it on a private address)")
 	fs.StringVar(&o.public, "egress-public-ranges", "", "comma-separated CIDRs (IPv4, IPv6) that are internal by default but count as public here, e.g. a lab network; never loopback, link-local/metadata, the pool or the host's own networks")
 	fs.StringVar(&o.internal, "egress-internal-ranges", "", "comma-separated CIDRs (IPv4, IPv6) added to the internal ranges no sandbox may reach (they win over --egress-public-ranges)")
+	fs.StringVar(&o.ipv6, "egress-ipv6", netns.IPv6Auto, "IPv6 for sandboxes through the gateway: auto (when the host has an IPv6 default route), on or off (no IPv6 address or route in the sandbox)")
+	fs.StringVar(&o.pool6, "egress-pool6", "fd73:7061:6365::/48", "IPv6 range cut into one /112 per sandbox (always internal; /96 or shorter)")
 	return o
 }
 
@@ -59,6 +62,15 @@ func (o *egressOpts) apply(cfg *server.Config) error {
 			return fmt.Errorf("--egress-public-ranges and --egress-internal-ranges need --egress")
 		}
 		return nil
+	}
+	switch o.ipv6 {
+	case netns.IPv6Auto, netns.IPv6On, netns.IPv6Off:
+	default:
+		return fmt.Errorf("--egress-ipv6 %q: want auto, on or off", o.ipv6)
+	}
+	pool6, err := netip.ParsePrefix(o.pool6)
+	if err != nil || !pool6.Addr().Is6() || pool6.Addr().Is4In6() || pool6.Bits() > 96 || pool6 != pool6.Masked() {
+		return fmt.Errorf("--egress-pool6 %q: want an IPv6 prefix of /96 or shorter, e.g. fd73:7061:6365::/48", o.pool6)
 	}
 	public, err := parseRanges("egress-public-ranges", o.public)
 	if err != nil {
@@ -86,7 +98,7 @@ func (o *egressOpts) apply(cfg *server.Config) error {
 		}
 	}
 	cfg.Egress = &server.EgressConfig{
-		Links:             netns.Config{Pool: pool, IfPrefix: o.prefix, Table: o.tbl},
+		Links:             netns.Config{Pool: pool, IfPrefix: o.prefix, Table: o.tbl, IPv6: o.ipv6, Pool6: pool6},
 		Gateway:           gc,
 		UpstreamCAFile:    o.upstreamCA,
 		CredentialKeyFile: o.credKeyFile,

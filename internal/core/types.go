@@ -137,7 +137,8 @@ type NetworkPolicy struct {
 type EgressRanges struct {
 	// Internal is every range the gateway never dials for a sandbox, in
 	// any mode: the defaults (loopback, RFC 1918, CGNAT, link-local and
-	// metadata, ..., all IPv6 for now), the sandbox pool, the host's own
+	// metadata, ..., IPv6 outside global unicast, or all IPv6 without
+	// IPv6 egress), the sandbox pools, the host's own
 	// networks and --egress-internal-ranges, less --egress-public-ranges.
 	// Disjoint CIDRs, sorted.
 	Internal []string `json:"internal"`
@@ -191,6 +192,7 @@ type NetworkDecision struct {
 	Rule    string    `json:"rule,omitempty"`
 	Reason  string    `json:"reason,omitempty"`
 	TLS     string    `json:"tls,omitempty"` // terminated or passthrough
+	Via     string    `json:"via,omitempty"` // "proxy": through the explicit proxy
 }
 
 // NetworkLog is a page of the decision log plus the sandbox's counters.

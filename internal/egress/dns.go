@@ -24,11 +24,11 @@ const (
 	dnsTCPConns = 8
 )
 
-func (s *sandbox) serveUDP() {
+func (s *sandbox) serveUDP(pc *net.UDPConn) {
 	defer s.wg.Done()
 	buf := make([]byte, maxDNSMsg)
 	for {
-		n, from, err := s.udp.ReadFromUDPAddrPort(buf)
+		n, from, err := pc.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -46,17 +46,17 @@ func (s *sandbox) serveUDP() {
 			defer s.wg.Done()
 			defer func() { <-s.dnsIn }()
 			if resp := s.answer(q, 512); resp != nil {
-				s.udp.WriteToUDPAddrPort(resp, from)
+				pc.WriteToUDPAddrPort(resp, from)
 			}
 		}()
 	}
 }
 
-func (s *sandbox) serveDNSTCP() {
+func (s *sandbox) serveDNSTCP(ln *net.TCPListener) {
 	defer s.wg.Done()
 	sem := make(chan struct{}, dnsTCPConns)
 	for {
-		c, err := s.dnsLn.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -121,8 +121,12 @@ func (s *sandbox) answer(msg []byte, maxLen int) []byte {
 			b.Question(*q)
 			b.StartAnswers()
 			for _, a := range addrs {
-				b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: ttl},
-					dnsmessage.AResource{A: a.As4()})
+				rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: ttl}
+				if a.Is4() {
+					b.AResource(rh, dnsmessage.AResource{A: a.As4()})
+				} else {
+					b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: a.As16()})
+				}
 			}
 		}
 		out, err := b.Finish()
@@ -159,16 +163,17 @@ func (s *sandbox) answer(msg []byte, maxLen int) []byte {
 		return refuse("dns_refused")
 	}
 	d.Rule = rule.String()
-	if q.Type != dnsmessage.TypeA {
-		// Only A is resolved: no AAAA (IPv6 is off), no TXT/HTTPS/SVCB
-		// (and so no ECH configs, R5). An empty answer, not an error.
+	if q.Type != dnsmessage.TypeA && (q.Type != dnsmessage.TypeAAAA || !s.addr6.IsValid()) {
+		// Only A (and, for a sandbox with IPv6, AAAA) is resolved: no
+		// TXT/HTTPS/SVCB (and so no ECH configs, R5), no AAAA without
+		// IPv6. An empty answer, not an error.
 		d.Verdict, d.Reason = "allow", "nodata_"+strings.TrimPrefix(q.Type.String(), "Type")
 		s.record(d)
 		return reply(dnsmessage.RCodeSuccess, &q, nil, 0)
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.gw.cfg.DialTimeout)
 	defer cancel()
-	addrs, ttl, reason, err := s.resolve(ctx, name, pol)
+	addrs, ttl, reason, err := s.resolveType(ctx, name, pol, q.Type)
 	if err != nil {
 		s.gw.cfg.Logf("egress: %s: resolve %s: %v", s.id, name, err)
 		d.Verdict, d.Reason = "deny", "upstream_error"
@@ -204,8 +209,13 @@ func joinAddrs(as []netip.Addr) string {
 // authority to another zone's addresses); internal addresses are dropped
 // from the answer (rebinding, R5/R15).
 func (s *sandbox) resolve(ctx context.Context, name string, pol *policy.Policy) (addrs []netip.Addr, ttl uint32, refuse string, err error) {
+	return s.resolveType(ctx, name, pol, dnsmessage.TypeA)
+}
+
+// resolveType is resolve for A or AAAA records.
+func (s *sandbox) resolveType(ctx context.Context, name string, pol *policy.Policy, qtype dnsmessage.Type) (addrs []netip.Addr, ttl uint32, refuse string, err error) {
 	s.count(func(st *Stats) { st.UpstreamSockets++ })
-	resp, err := s.gw.exchange(ctx, name)
+	resp, err := s.gw.exchange(ctx, name, qtype)
 	if err != nil {
 		return nil, 0, "", err
 	}
@@ -247,7 +257,17 @@ func (s *sandbox) resolve(ctx context.Context, name string, pol *policy.Policy) 
 			if err != nil {
 				return nil, 0, "", err
 			}
-			a[owner] = append(a[owner], netip.AddrFrom4(r.A))
+			if qtype == dnsmessage.TypeA {
+				a[owner] = append(a[owner], netip.AddrFrom4(r.A))
+			}
+		case dnsmessage.TypeAAAA:
+			r, err := p.AAAAResource()
+			if err != nil {
+				return nil, 0, "", err
+			}
+			if qtype == dnsmessage.TypeAAAA {
+				a[owner] = append(a[owner], netip.AddrFrom16(r.AAAA))
+			}
 		default:
 			if err := p.SkipAnswer(); err != nil {
 				return nil, 0, "", err
@@ -277,7 +297,9 @@ func (s *sandbox) resolve(ctx context.Context, name string, pol *policy.Policy) 
 		cur = canon
 	}
 	for _, ip := range a[cur] {
-		if !s.gw.filter.internal(ip) {
+		// An IPv4-mapped (or -compatible) AAAA is an IPv4 address in
+		// disguise: never answered (R15).
+		if !s.gw.filter.internal(ip) && (ip.Is4() || !ip.Is4In6() && !netip.MustParsePrefix("::/96").Contains(ip)) {
 			addrs = append(addrs, ip)
 		}
 	}
@@ -287,11 +309,11 @@ func (s *sandbox) resolve(ctx context.Context, name string, pol *policy.Policy) 
 	return addrs, ttl, "", nil
 }
 
-// exchange sends one A query for name to the upstream resolver over UDP,
-// retrying over TCP when the answer is truncated. The socket is connected,
-// so only the upstream's own replies are read; the id and question must
-// match (spoofed answers are ignored).
-func (g *Gateway) exchange(ctx context.Context, name string) ([]byte, error) {
+// exchange sends one query (A or AAAA) for name to the upstream resolver
+// over UDP, retrying over TCP when the answer is truncated. The socket is
+// connected, so only the upstream's own replies are read; the id and
+// question must match (spoofed answers are ignored).
+func (g *Gateway) exchange(ctx context.Context, name string, qtype dnsmessage.Type) ([]byte, error) {
 	qn, err := dnsmessage.NewName(name + ".")
 	if err != nil {
 		return nil, err
@@ -299,7 +321,7 @@ func (g *Gateway) exchange(ctx context.Context, name string) ([]byte, error) {
 	var idb [2]byte
 	rand.Read(idb[:])
 	id := binary.BigEndian.Uint16(idb[:])
-	q := dnsmessage.Question{Name: qn, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}
+	q := dnsmessage.Question{Name: qn, Type: qtype, Class: dnsmessage.ClassINET}
 	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
 	b.StartQuestions()
 	b.Question(q)

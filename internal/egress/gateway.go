@@ -49,6 +49,14 @@ type Config struct {
 	// Pool is the sandbox address pool (set by NewNetwork): internal, and
 	// never public.
 	Pool netip.Prefix
+	// Pool6 is the sandboxes' IPv6 pool (set by NewNetwork with IPv6 on):
+	// internal, and never public.
+	Pool6 netip.Prefix
+	// IPv6: sandboxes have IPv6 (set by NewNetwork from the links'
+	// effective setting), so the gateway listens on their IPv6 GW
+	// addresses, answers AAAA queries from its own resolution and dials
+	// IPv6 upstreams. Off, AAAA queries get an empty answer.
+	IPv6 bool
 	// DNSPort and ProxyPort are the per-sandbox listening ports on GW.
 	DNSPort, ProxyPort uint16
 	// MaxConns bounds a sandbox's concurrent proxied connections (256).
@@ -81,6 +89,7 @@ type Decision struct {
 	Rule    string    `json:"rule,omitempty"`
 	Reason  string    `json:"reason,omitempty"`
 	TLS     string    `json:"tls,omitempty"` // terminated or passthrough
+	Via     string    `json:"via,omitempty"` // "proxy": through the explicit proxy (GW:3128)
 }
 
 // Stats are a sandbox's gateway counters.
@@ -143,7 +152,13 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Pool.IsValid() {
 		deny = append(deny, cfg.Pool.Masked())
 	}
-	filter := &ipFilter{deny: append(deny, host...), public: append([]netip.Prefix(nil), cfg.Public...)}
+	if cfg.Pool6.IsValid() {
+		if err := checkPublic(cfg.Public, cfg.Pool6, nil); err != nil {
+			return nil, fmt.Errorf("egress: %w", err)
+		}
+		deny = append(deny, cfg.Pool6.Masked())
+	}
+	filter := &ipFilter{deny: append(deny, host...), public: append([]netip.Prefix(nil), cfg.Public...), v6: cfg.IPv6}
 	return &Gateway{cfg: cfg, filter: filter, sbx: map[string]*sandbox{}}, nil
 }
 
@@ -177,16 +192,19 @@ type sandbox struct {
 	id     string
 	gw     *Gateway
 	addr   netip.Addr // its GW address
+	addr6  netip.Addr // its IPv6 GW address (invalid without IPv6)
 	policy atomic.Pointer[policy.Policy]
 	creds  atomic.Pointer[credSet]
 	ca     *sandboxCA
 
-	udp   *net.UDPConn
-	dnsLn *net.TCPListener
-	proxy *net.TCPListener
-	conns chan struct{} // semaphore of proxied connections
-	dnsIn chan struct{} // semaphore of DNS queries in flight
-	bkt   bucket
+	// The listeners on GW (and GW6): DNS over UDP and TCP, the
+	// transparent proxy.
+	udps    []*net.UDPConn
+	dnsLns  []*net.TCPListener
+	proxies []*net.TCPListener
+	conns   chan struct{} // semaphore of proxied connections
+	dnsIn   chan struct{} // semaphore of DNS queries in flight
+	bkt     bucket
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -200,9 +218,10 @@ type sandbox struct {
 	open  map[net.Conn]struct{}
 }
 
-// Attach starts serving a sandbox on its GW address. Its policy is blocked
+// Attach starts serving a sandbox on its GW address (and, with IPv6, its
+// IPv6 GW address gw6; an invalid one is ignored). Its policy is blocked
 // until SetPolicy says otherwise.
-func (g *Gateway) Attach(id string, gwAddr netip.Addr) (err error) {
+func (g *Gateway) Attach(id string, gwAddr netip.Addr, gw6 ...netip.Addr) (err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sandbox{id: id, gw: g, addr: gwAddr, ctx: ctx, cancel: cancel,
 		conns: make(chan struct{}, g.cfg.MaxConns), dnsIn: make(chan struct{}, 32),
@@ -219,15 +238,30 @@ func (g *Gateway) Attach(id string, gwAddr netip.Addr) (err error) {
 			s.close()
 		}
 	}()
-	ip := gwAddr.AsSlice()
-	if s.udp, err = net.ListenUDP("udp4", &net.UDPAddr{IP: ip, Port: int(g.cfg.DNSPort)}); err != nil {
-		return fmt.Errorf("egress: %s: dns: %w", id, err)
+	addrs := []netip.Addr{gwAddr}
+	if len(gw6) > 0 && gw6[0].IsValid() && g.cfg.IPv6 {
+		s.addr6 = gw6[0]
+		addrs = append(addrs, gw6[0])
 	}
-	if s.dnsLn, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: ip, Port: int(g.cfg.DNSPort)}); err != nil {
-		return fmt.Errorf("egress: %s: dns: %w", id, err)
-	}
-	if s.proxy, err = net.ListenTCP("tcp4", &net.TCPAddr{IP: ip, Port: int(g.cfg.ProxyPort)}); err != nil {
-		return fmt.Errorf("egress: %s: proxy: %w", id, err)
+	for _, a := range addrs {
+		udp, tcp, ip := "udp4", "tcp4", a.AsSlice()
+		if a.Is6() {
+			udp, tcp = "udp6", "tcp6"
+		}
+		pc, err := net.ListenUDP(udp, &net.UDPAddr{IP: ip, Port: int(g.cfg.DNSPort)})
+		if err != nil {
+			return fmt.Errorf("egress: %s: dns: %w", id, err)
+		}
+		s.udps = append(s.udps, pc)
+		ln, err := net.ListenTCP(tcp, &net.TCPAddr{IP: ip, Port: int(g.cfg.DNSPort)})
+		if err != nil {
+			return fmt.Errorf("egress: %s: dns: %w", id, err)
+		}
+		s.dnsLns = append(s.dnsLns, ln)
+		if ln, err = net.ListenTCP(tcp, &net.TCPAddr{IP: ip, Port: int(g.cfg.ProxyPort)}); err != nil {
+			return fmt.Errorf("egress: %s: proxy: %w", id, err)
+		}
+		s.proxies = append(s.proxies, ln)
 	}
 	g.mu.Lock()
 	if _, dup := g.sbx[id]; dup {
@@ -236,19 +270,22 @@ func (g *Gateway) Attach(id string, gwAddr netip.Addr) (err error) {
 	}
 	g.sbx[id] = s
 	g.mu.Unlock()
-	s.wg.Add(3)
-	go s.serveUDP()
-	go s.serveDNSTCP()
-	go s.serveProxy()
+	for i := range s.udps {
+		s.wg.Add(3)
+		go s.serveUDP(s.udps[i])
+		go s.serveDNSTCP(s.dnsLns[i])
+		go s.serveProxy(s.proxies[i])
+	}
 	return nil
 }
 
 func (s *sandbox) close() {
 	s.cancel()
-	for _, c := range []interface{ Close() error }{s.udp, s.dnsLn, s.proxy} {
-		if c != nil && !isNilConn(c) {
-			c.Close()
-		}
+	for _, c := range s.udps {
+		c.Close()
+	}
+	for _, ln := range append(append([]*net.TCPListener(nil), s.dnsLns...), s.proxies...) {
+		ln.Close()
 	}
 	s.mu.Lock()
 	for c := range s.open {
@@ -256,16 +293,6 @@ func (s *sandbox) close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-}
-
-func isNilConn(c any) bool {
-	switch v := c.(type) {
-	case *net.UDPConn:
-		return v == nil
-	case *net.TCPListener:
-		return v == nil
-	}
-	return false
 }
 
 // Detach stops serving a sandbox and closes its connections. Unknown ids

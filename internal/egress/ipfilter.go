@@ -9,14 +9,19 @@ import (
 
 // reserved are never dialled, in any mode (R15): loopback, RFC 1918,
 // CGNAT, link-local and metadata, "this network", multicast, reserved and
-// broadcast, benchmarking and documentation ranges, and every IPv6 address
-// (the gateway's upstream is IPv4-only). Config.Public (the operator's
+// broadcast, benchmarking and documentation ranges; in IPv6 everything
+// outside global unicast (2000::/3: so loopback, the IPv4-embedding forms,
+// discard, ULA, link- and site-local, multicast), the IETF protocol
+// assignments (2001::/23: Teredo, benchmarking, ORCHID), documentation
+// (2001:db8::/32, 3fff::/20) and 6to4. Without IPv6 (Config.IPv6 off)
+// every IPv6 address is internal. Config.Public (the operator's
 // --egress-public-ranges) may declare parts of them public, except the
 // ranges in never.
 var reserved = mustPrefixes(
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
 	"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+	"::/3", "4000::/2", "8000::/1", "2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20",
 )
 
 // never are internal whatever Config.Public says: a public range that
@@ -55,6 +60,7 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 type ipFilter struct {
 	deny   []netip.Prefix // always internal: pool, host networks, configured
 	public []netip.Prefix // reserved ranges declared public (Config.Public)
+	v6     bool           // the gateway dials IPv6 (Config.IPv6); else every IPv6 address is internal
 }
 
 func newIPFilter(deny, public []netip.Prefix) *ipFilter {
@@ -121,10 +127,8 @@ func (f *ipFilter) internal(a netip.Addr) bool {
 			return true
 		}
 	}
-	if !a.Is4() {
-		// The gateway dials IPv4 only so far: public IPv6 ranges are
-		// accepted and checked, and take effect once it dials IPv6.
-		return true
+	if !a.Is4() && !f.v6 {
+		return true // no IPv6 here: public IPv6 ranges are accepted and checked, and take effect with IPv6 on
 	}
 	for _, p := range f.public {
 		if p.Contains(a) {
@@ -146,7 +150,10 @@ var allIPv6 = netip.MustParsePrefix("::/0")
 // disjoint prefixes (exactly the addresses internal reports), and the
 // configured public ranges.
 func (f *ipFilter) ranges() (internal, public []netip.Prefix) {
-	in := []netip.Prefix{allIPv6}
+	var in []netip.Prefix
+	if !f.v6 {
+		in = append(in, allIPv6)
+	}
 	for _, n := range never {
 		in = append(in, n.p)
 	}

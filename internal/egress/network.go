@@ -44,6 +44,9 @@ func NewNetwork(lc netns.Config, gc Config) (*Network, error) {
 	eff := links.Config()
 	gc.DNSPort, gc.ProxyPort = eff.DNSPort, eff.ProxyPort
 	gc.Pool = eff.Pool
+	if eff.IPv6 == netns.IPv6On {
+		gc.IPv6, gc.Pool6 = true, eff.Pool6
+	}
 	gw, err := New(gc)
 	if err != nil {
 		return nil, err
@@ -62,7 +65,7 @@ func (n *Network) Setup(ctx context.Context, id string, pid int) error {
 	if err != nil {
 		return err
 	}
-	if err := n.GW.Attach(id, l.Host); err != nil {
+	if err := n.GW.Attach(id, l.Host, l.Host6); err != nil {
 		n.Links.Release(id)
 		return err
 	}
@@ -77,7 +80,7 @@ func (n *Network) SetupPath(ctx context.Context, id, nsPath string) error {
 	if err != nil {
 		return err
 	}
-	if err := n.GW.Attach(id, l.Host); err != nil {
+	if err := n.GW.Attach(id, l.Host, l.Host6); err != nil {
 		n.Links.Release(id)
 		return err
 	}
@@ -97,7 +100,7 @@ func (n *Network) Adopt(id string) error {
 	if err != nil {
 		return err
 	}
-	return n.GW.Attach(id, l.Host)
+	return n.GW.Attach(id, l.Host, l.Host6)
 }
 
 // Sweep removes links and rules of instances not in keep.

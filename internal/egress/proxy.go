@@ -45,10 +45,10 @@ func (s *sandbox) untrack(c net.Conn) {
 	s.mu.Unlock()
 }
 
-func (s *sandbox) serveProxy() {
+func (s *sandbox) serveProxy(ln *net.TCPListener) {
 	defer s.wg.Done()
 	for {
-		c, err := s.proxy.AcceptTCP()
+		c, err := ln.AcceptTCP()
 		if err != nil {
 			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -97,7 +97,28 @@ func (s *sandbox) handle(c *net.TCPConn) {
 		deny("blocked") // before reading a byte; no upstream socket (R17)
 		return
 	}
-	br := bufio.NewReaderSize(c, 4096)
+	if (orig.Addr() == s.addr || s.addr6.IsValid() && orig.Addr() == s.addr6) && orig.Port() == ExplicitProxyPort {
+		s.serveExplicit(c, pol) // explicit.go
+		return
+	}
+	s.serveConn(c, bufio.NewReaderSize(c, 4096), orig, pol, "")
+}
+
+// serveConn decides and relays one connection whose first bytes br reads:
+// a transparent one (orig is its original destination) or a tunnel the
+// explicit proxy opened (orig is the address the gateway resolved for the
+// CONNECT authority, want its canonical name, which the SNI or Host must
+// then equal).
+func (s *sandbox) serveConn(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, pol *policy.Policy, want string) {
+	d := Decision{Proto: "tcp", Verdict: "deny", Dest: orig.String(), Port: orig.Port()}
+	if want != "" {
+		d.Via = "proxy"
+	}
+	deny := func(reason string) {
+		d.Reason = reason
+		s.record(d)
+		c.SetLinger(0) // RST: the sandbox learns nothing more
+	}
 	// First bytes: a ClientHello, an HTTP request head, or (open mode only)
 	// anything, or nothing for a server-speaks-first protocol.
 	wait := s.gw.cfg.HelloTimeout
@@ -162,6 +183,15 @@ func (s *sandbox) handle(c *net.TCPConn) {
 		name = canon
 	}
 	d.Name = name
+	if want != "" && name != want && (name != "" || pol.Mode != policy.Open) {
+		// R9: through CONNECT, the SNI or Host is the CONNECT authority
+		// (open mode may tunnel what names nothing: an opaque stream).
+		if name == "" {
+			name = want
+		}
+		deny("connect_mismatch")
+		return
+	}
 	dial := orig.Addr()
 	switch pol.Mode {
 	case policy.Allowlist:
@@ -231,7 +261,7 @@ func (s *sandbox) handle(c *net.TCPConn) {
 	d.Verdict = "allow"
 	s.record(d)
 	if req != nil {
-		s.relayHTTP(c, hr, up, req, name, orig.Port(), nil)
+		s.relayHTTP(c, hr, up, req, name, orig.Port(), nil, false)
 		return
 	}
 	if len(replay) > 0 {
@@ -259,14 +289,25 @@ func (s *sandbox) dial(to netip.AddrPort) (net.Conn, error) {
 	}}
 	ctx, cancel := context.WithTimeout(s.ctx, s.gw.cfg.DialTimeout)
 	defer cancel()
-	return d.DialContext(ctx, "tcp4", to.String())
+	network := "tcp4"
+	if to.Addr().Is6() {
+		network = "tcp6"
+	}
+	return d.DialContext(ctx, network, to.String())
 }
 
 // canonicalHost canonicalises a Host or SNI value; a port, if present,
 // must be the connection's.
 func canonicalHost(h string, port uint16) (string, error) {
 	host := h
-	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h, "]") {
+	i := strings.LastIndexByte(h, ':')
+	if strings.HasPrefix(h, "[") {
+		i = -1
+		if j := strings.LastIndex(h, "]:"); j >= 0 {
+			i = j + 1 // [IPv6]:port
+		}
+	}
+	if i >= 0 {
 		p, err := strconv.ParseUint(h[i+1:], 10, 16)
 		if err != nil || uint16(p) != port {
 			return "", errors.New("port mismatch")
@@ -274,7 +315,13 @@ func canonicalHost(h string, port uint16) (string, error) {
 		host = h[:i]
 	}
 	if strings.HasPrefix(host, "[") {
-		return "", errors.New("IPv6 literal")
+		// An IPv6 literal: its canonical spelling, an IP literal to the
+		// policy (denied in allowlist mode, R7).
+		a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+		if err != nil || !strings.HasSuffix(host, "]") || a.Zone() != "" {
+			return "", errors.New("bad IPv6 literal")
+		}
+		return a.String(), nil
 	}
 	return policy.Canonical(host)
 }
@@ -356,28 +403,41 @@ func checkRequest(r *http.Request) string {
 // refused (R13f); on a terminated TLS connection it says whether
 // credentials may be injected, and responses to credential-bearing
 // requests are scrubbed (R14).
-func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.Request, name string, port uint16, term *termInfo) {
+//
+// proxied: the requests come to the explicit proxy in absolute form; one
+// that names another authority than name:port is returned, unanswered, for
+// a decision of its own.
+func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.Request, name string, port uint16, term *termInfo, proxied bool) *http.Request {
 	upr := bufio.NewReader(up)
 	proto := "http"
 	if term != nil {
 		proto = "https"
 	}
-	for {
+	via := ""
+	if proxied {
+		via = "proxy"
+	}
+	for first := true; ; first = false {
+		if proxied && !first {
+			if n, p, ok := proxyAuthority(req); !ok || n != name || p != port {
+				return req
+			}
+		}
 		if reason := checkRequest(req); reason != "" {
-			s.record(Decision{Proto: proto, Name: req.Host, Port: port, Verdict: "deny", Reason: reason})
+			s.record(Decision{Proto: proto, Via: via, Name: req.Host, Port: port, Verdict: "deny", Reason: reason})
 			writeStatus(c, http.StatusForbidden)
-			return
+			return nil
 		}
 		h, err := canonicalHost(req.Host, port)
 		if err != nil || h != name {
-			s.record(Decision{Proto: proto, Name: req.Host, Port: port, Verdict: "deny", Reason: "host_mismatch"})
+			s.record(Decision{Proto: proto, Via: via, Name: req.Host, Port: port, Verdict: "deny", Reason: "host_mismatch"})
 			writeStatus(c, http.StatusMisdirectedRequest)
-			return
+			return nil
 		}
 		// Method/path rules: every request is decided on its own, against
 		// the policy in force now.
 		if _, ok := s.policy.Load().AllowRequest(name, port, req.Method, requestPath(req)); !ok {
-			d := Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "request_not_allowed",
+			d := Decision{Proto: proto, Via: via, Name: name, Port: port, Verdict: "deny", Reason: "request_not_allowed",
 				// No rule allowed it: say which request was refused.
 				Rule: "request " + truncate(req.Method, 16) + " " + truncate(req.URL.EscapedPath(), 256)}
 			if term != nil {
@@ -385,7 +445,7 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 			}
 			s.record(d)
 			writeStatus(c, http.StatusForbidden)
-			return
+			return nil
 		}
 		for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-For", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
 			req.Header.Del(k)
@@ -393,24 +453,24 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 		var used []Credential
 		if term == nil {
 			if hasPlaceholder(req) {
-				s.alert(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "credential_plaintext"})
+				s.alert(Decision{Proto: proto, Via: via, Name: name, Port: port, Verdict: "deny", Reason: "credential_plaintext"})
 				writeStatus(c, http.StatusForbidden)
-				return
+				return nil
 			}
 		} else {
 			var reason string
 			used, reason = s.creds.Load().inject(req, name, port, term.verified)
 			if reason != "" {
-				s.alert(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: reason})
+				s.alert(Decision{Proto: proto, Via: via, Name: name, Port: port, Verdict: "deny", Reason: reason})
 				writeStatus(c, http.StatusForbidden)
-				return
+				return nil
 			}
 			if len(used) > 0 {
 				ids := make([]string, len(used))
 				for i, u := range used {
 					ids[i] = u.ID
 				}
-				s.record(Decision{Proto: proto, Name: name, Port: port, Verdict: "allow", Rule: "credential " + strings.Join(ids, ","), Reason: "credential_injected", TLS: "terminated"})
+				s.record(Decision{Proto: proto, Via: via, Name: name, Port: port, Verdict: "allow", Rule: "credential " + strings.Join(ids, ","), Reason: "credential_injected", TLS: "terminated"})
 				// The response must be scannable: no compression (R14).
 				req.Header.Del("Accept-Encoding")
 				req.Header.Del("Te")
@@ -418,29 +478,29 @@ func (s *sandbox) relayHTTP(c net.Conn, hr *headReader, up net.Conn, req *http.R
 		}
 		req.URL.Scheme, req.URL.Host = "", ""
 		if err := req.Write(up); err != nil {
-			return
+			return nil
 		}
 		up.SetReadDeadline(time.Now().Add(idleTimeout))
 		resp, err := http.ReadResponse(upr, req)
 		if err != nil {
 			writeStatus(c, http.StatusBadGateway)
-			return
+			return nil
 		}
 		if len(used) > 0 && !scrubResponse(resp, used) {
 			resp.Body.Close()
-			s.record(Decision{Proto: proto, Name: name, Port: port, Verdict: "deny", Reason: "unscannable_response"})
+			s.record(Decision{Proto: proto, Via: via, Name: name, Port: port, Verdict: "deny", Reason: "unscannable_response"})
 			writeStatus(c, http.StatusBadGateway)
-			return
+			return nil
 		}
 		err = resp.Write(c)
 		resp.Body.Close()
 		if err != nil || resp.Close || req.Close {
-			return
+			return nil
 		}
 		c.SetReadDeadline(time.Now().Add(idleTimeout))
 		next, err := hr.next()
 		if err != nil {
-			return
+			return nil
 		}
 		req = next
 	}

@@ -105,7 +105,7 @@ func (s *sandbox) serveTerminated(c net.Conn, rd io.Reader, up *tls.Conn, pol *p
 		return
 	}
 	sc.SetReadDeadline(time.Time{})
-	s.relayHTTP(sc, hr, up, req, name, port, &termInfo{verified: verified})
+	s.relayHTTP(sc, hr, up, req, name, port, &termInfo{verified: verified}, false)
 	sc.Close()
 }
 

@@ -15,6 +15,7 @@ package netns
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -44,7 +45,39 @@ type Config struct {
 	DNSPort, ProxyPort uint16
 	// GuestIf names the interface inside the sandbox; default "eth0".
 	GuestIf string
-	Logf    func(string, ...any)
+	// IPv6 gives each sandbox an IPv6 address from Pool6 and a default
+	// route through its gateway as well: IPv6Auto (""; when the host has
+	// an IPv6 default route), IPv6On or IPv6Off. New resolves it to on or
+	// off. Off, the sandbox has IPv6 disabled and no IPv6 route.
+	IPv6 string
+	// Pool6 is the IPv6 range cut into one /112 per sandbox (slot n gets
+	// <Pool6>::n:1 for GW and ::n:2 for the sandbox); default
+	// fd73:7061:6365::/48. It must be /96 or shorter.
+	Pool6 netip.Prefix
+	Logf  func(string, ...any)
+}
+
+// Config.IPv6 values.
+const (
+	IPv6Auto = "auto"
+	IPv6On   = "on"
+	IPv6Off  = "off"
+)
+
+// HostHasIPv6 reports whether this host (its current network namespace)
+// has an IPv6 default route, which IPv6Auto takes to mean the gateway can
+// reach the IPv6 internet.
+func HostHasIPv6() bool {
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return false
+	}
+	for _, r := range rs {
+		if r.Dst == nil || (r.Dst.IP.IsUnspecified() && r.Dst.Mask != nil && func() bool { o, _ := r.Dst.Mask.Size(); return o == 0 }()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Link is one sandbox's network.
@@ -54,6 +87,12 @@ type Link struct {
 	HostIf string     // host-side veth name
 	Host   netip.Addr // GW: the host side, where the gateway listens
 	Guest  netip.Addr // the sandbox's only address
+	// The MACs the host assigned to the host end and the sandbox's end;
+	// the host's neighbour entry for Guest is pinned to GuestMAC (R16).
+	HostMAC, GuestMAC net.HardwareAddr
+	// Host6 and Guest6 are GW's and the sandbox's IPv6 addresses (one
+	// /112); invalid when IPv6 is off.
+	Host6, Guest6 netip.Addr
 }
 
 // Manager owns the pool, the veths and the nftables table.
@@ -98,8 +137,28 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.GuestIf == "" {
 		cfg.GuestIf = "eth0"
 	}
+	switch cfg.IPv6 {
+	case "", IPv6Auto:
+		cfg.IPv6 = IPv6Off
+		if HostHasIPv6() {
+			cfg.IPv6 = IPv6On
+		}
+	case IPv6On, IPv6Off:
+	default:
+		return nil, fmt.Errorf("netns: ipv6 %q must be auto, on or off", cfg.IPv6)
+	}
+	if !cfg.Pool6.IsValid() {
+		cfg.Pool6 = netip.MustParsePrefix("fd73:7061:6365::/48")
+	}
+	cfg.Pool6 = cfg.Pool6.Masked()
+	if !cfg.Pool6.Addr().Is6() || cfg.Pool6.Addr().Is4In6() || cfg.Pool6.Bits() > 96 {
+		return nil, fmt.Errorf("netns: IPv6 pool %s must be an IPv6 prefix of /96 or shorter", cfg.Pool6)
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.IPv6 == IPv6On && 112-cfg.Pool6.Bits() < 30-cfg.Pool.Bits() {
+		return nil, fmt.Errorf("netns: IPv6 pool %s has fewer /112s than the pool %s has /30s", cfg.Pool6, cfg.Pool)
 	}
 	m := &Manager{
 		cfg:   cfg,
@@ -124,7 +183,19 @@ func (m *Manager) slotLink(id string, slot int) *Link {
 	a := func(v uint32) netip.Addr {
 		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 	}
-	return &Link{ID: id, Slot: slot, HostIf: m.cfg.IfPrefix + strconv.FormatInt(int64(slot), 16), Host: a(n + 1), Guest: a(n + 2)}
+	l := &Link{ID: id, Slot: slot, HostIf: m.cfg.IfPrefix + strconv.FormatInt(int64(slot), 16), Host: a(n + 1), Guest: a(n + 2)}
+	l.HostMAC, l.GuestMAC = linkMAC(macHost, l.Host), linkMAC(macGuest, l.Guest)
+	if m.cfg.IPv6 == IPv6On {
+		// The pool is /96 or shorter: its low 32 bits are free, and New
+		// checked that every slot fits.
+		b := m.cfg.Pool6.Addr().As16()
+		low := binary.BigEndian.Uint64(b[8:]) + uint64(slot)<<16
+		binary.BigEndian.PutUint64(b[8:], low|1)
+		l.Host6 = netip.AddrFrom16(b)
+		binary.BigEndian.PutUint64(b[8:], low|2)
+		l.Guest6 = netip.AddrFrom16(b)
+	}
+	return l
 }
 
 func (m *Manager) alloc(id string) (*Link, error) {
@@ -189,10 +260,17 @@ func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *L
 		}
 	}()
 	// IPv6 off inside before the peer exists, so it never even sends
-	// router solicitations (the host drops v6 regardless).
+	// router solicitations (the host drops v6 regardless). With IPv6 on:
+	// no link-local address, no RA, no autoconfiguration, no DAD; the
+	// host assigns the one address.
+	sandboxV6 := [][2]string{{"all/disable_ipv6", "1"}, {"default/disable_ipv6", "1"}}
+	if l.Guest6.IsValid() {
+		sandboxV6 = [][2]string{{"default/addr_gen_mode", "1"}, {"default/accept_ra", "0"}, {"all/accept_ra", "0"},
+			{"default/autoconf", "0"}, {"default/accept_dad", "0"}, {"default/accept_redirects", "0"}, {"all/accept_redirects", "0"}}
+	}
 	if err := inNetnsHandle(ns, func() error {
-		for _, k := range []string{"all", "default"} {
-			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		for _, kv := range sandboxV6 {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+kv[0], []byte(kv[1]), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
 		}
@@ -201,9 +279,10 @@ func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *L
 		return nil, fmt.Errorf("netns: disable ipv6 in sandbox: %w", err)
 	}
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: l.HostIf, Alias: id, MTU: 1500},
-		PeerName:      m.cfg.GuestIf,
-		PeerNamespace: netlink.NsFd(int(ns)),
+		LinkAttrs:        netlink.LinkAttrs{Name: l.HostIf, Alias: id, MTU: 1500, HardwareAddr: l.HostMAC},
+		PeerName:         m.cfg.GuestIf,
+		PeerHardwareAddr: l.GuestMAC,
+		PeerNamespace:    netlink.NsFd(int(ns)),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		if !errors.Is(err, unix.EEXIST) {
@@ -239,6 +318,13 @@ func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *L
 		{"ipv4/conf/" + l.HostIf + "/rp_filter", "1"},
 		{"ipv4/conf/" + l.HostIf + "/proxy_arp", "0"},
 		{"ipv4/conf/" + l.HostIf + "/send_redirects", "0"},
+		// ARP answered only for an address of this link (the nft ingress
+		// chain already admits only requests for GW), announcements
+		// ignored; unsolicited neighbour advertisements too (R16).
+		{"ipv4/conf/" + l.HostIf + "/arp_ignore", "1"},
+		{"ipv4/conf/" + l.HostIf + "/arp_announce", "2"},
+		{"ipv4/conf/" + l.HostIf + "/drop_gratuitous_arp", "1"},
+		{"ipv6/conf/" + l.HostIf + "/drop_unsolicited_na", "1"},
 	} {
 		if err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("netns: sysctl %s: %w", kv[0], err)
@@ -247,12 +333,26 @@ func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *L
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(l.Host, 30)}); err != nil {
 		return nil, fmt.Errorf("netns: host address: %w", err)
 	}
+	if l.Host6.IsValid() {
+		if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet6(l.Host6, 112), Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("netns: host IPv6 address: %w", err)
+		}
+	}
+	if err := pinNeighbour(host, l); err != nil {
+		return nil, err
+	}
 	// Rules before the link is up: nothing can pass unfiltered.
 	c, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("netns: nftables: %w", err)
 	}
 	defer c.CloseLasting()
+	// A link-layer chain left by an earlier sandbox of this slot that was
+	// never released goes first: since Linux 6.16 a netdev chain outlives
+	// its device and would hook this new veth of the same name.
+	if chains, err := m.l2Chains(c); err == nil && chains[l2Chain(l.HostIf)] {
+		m.delL2(c, l.HostIf)
+	}
 	if err := m.addSandbox(c, l); err != nil {
 		return nil, fmt.Errorf("netns: nftables: %w", err)
 	}
@@ -283,11 +383,24 @@ func (m *Manager) setupIn(ctx context.Context, id string, ns vns.NsHandle) (_ *L
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: l.Host.AsSlice()}); err != nil {
 		return nil, fmt.Errorf("netns: default route: %w", err)
 	}
+	if l.Guest6.IsValid() {
+		if err := h.AddrAdd(peer, &netlink.Addr{IPNet: ipnet6(l.Guest6, 112), Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("netns: guest IPv6 address: %w", err)
+		}
+		_, def, _ := net.ParseCIDR("::/0")
+		if err := h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: def, Gw: l.Host6.AsSlice()}); err != nil {
+			return nil, fmt.Errorf("netns: IPv6 default route: %w", err)
+		}
+	}
 	return l, nil
 }
 
 func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, 32)}
+}
+
+func ipnet6(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(bits, 128)}
 }
 
 // inNetns runs fn on a thread that has joined pid's network namespace.
@@ -307,7 +420,7 @@ func (m *Manager) cleanup(l *Link, delLink bool) {
 	if err == nil {
 		defer c.CloseLasting()
 		if chains, err := m.sandboxChains(c); err == nil {
-			if chains[preChain(l.HostIf)] || chains[inChain(l.HostIf)] {
+			if chains[preChain(l.HostIf)] || chains[inChain(l.HostIf)] || chains[l2Chain(l.HostIf)] {
 				m.delSandbox(c, l.HostIf, chains)
 				if err := c.Flush(); err != nil {
 					m.cfg.Logf("netns: %s: remove rules: %v", l.ID, err)

@@ -79,9 +79,12 @@ func (m *Manager) ensureTable() error {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	defer c.CloseLasting()
+	if err := m.ensureL2Table(c); err != nil {
+		return err
+	}
 	t := m.tableRef()
 	if _, err := c.ListTableOfFamily(t.Name, t.Family); err == nil {
-		return nil
+		return m.ensureNAT6(c)
 	}
 	c.AddTable(t)
 	vmap := &nftables.Set{Table: t, Name: mapPre, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
@@ -118,24 +121,62 @@ func (m *Manager) ensureTable() error {
 	}
 	// DNS on any address goes to the gateway resolver (R5); every other
 	// TCP connection goes to the transparent proxy (R4). The pre chain has
-	// already dropped what is not IPv4 TCP or UDP/53.
+	// already dropped what is not IPv4 (or the sandbox's IPv6) TCP or
+	// UDP/53.
+	m.addRedirects(c, nat, ifs, unix.NFPROTO_IPV4, "")
+	m.addRedirects(c, nat, ifs, unix.NFPROTO_IPV6, redirect6)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: create table %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// redirect6 marks the nat chain's IPv6 redirects (a table made before
+// IPv6 support gets them added).
+const redirect6 = "redirect6"
+
+// addRedirects queues the nat chain's redirects for one family: DNS to the
+// resolver's port, other TCP to the transparent proxy's (redirect: to the
+// address of the sandbox veth the packet came in on, its GW).
+func (m *Manager) addRedirects(c *nftables.Conn, nat *nftables.Chain, ifs *nftables.Set, family byte, mark string) {
+	t := m.tableRef()
 	redirect := func(proto byte, dport *uint16, to uint16) {
-		e := inIfs(expr.MetaKeyIIFNAME)
-		e = append(e, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV4}),
+		e := []expr.Any{meta(expr.MetaKeyIIFNAME), &expr.Lookup{SourceRegister: 1, SetName: ifs.Name, SetID: ifs.ID}}
+		e = append(e, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{family}),
 			meta(expr.MetaKeyL4PROTO), cmp(expr.CmpOpEq, []byte{proto}))
 		if dport != nil {
 			e = append(e, payload(expr.PayloadBaseTransportHeader, 2, 2), cmp(expr.CmpOpEq, port16(*dport)))
 		}
 		e = append(e, &expr.Immediate{Register: 1, Data: port16(to)},
 			&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
-		c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: e})
+		r := &nftables.Rule{Table: t, Chain: nat, Exprs: e}
+		if mark != "" {
+			r.UserData = comment(mark)
+		}
+		c.AddRule(r)
 	}
 	dns := uint16(53)
 	redirect(unix.IPPROTO_UDP, &dns, m.cfg.DNSPort)
 	redirect(unix.IPPROTO_TCP, &dns, m.cfg.DNSPort)
 	redirect(unix.IPPROTO_TCP, nil, m.cfg.ProxyPort)
+}
+
+// ensureNAT6 adds the IPv6 redirects to a table made without them.
+func (m *Manager) ensureNAT6(c *nftables.Conn) error {
+	t := m.tableRef()
+	nat := &nftables.Chain{Name: chainNAT, Table: t}
+	rules, err := c.GetRules(t, nat)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	for _, r := range rules {
+		if v, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && v == redirect6 {
+			return nil
+		}
+	}
+	m.addRedirects(c, nat, &nftables.Set{Table: t, Name: setIfs, KeyType: nftables.TypeIFName}, unix.NFPROTO_IPV6, redirect6)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: create table %s: %w", t.Name, err)
+		return fmt.Errorf("nftables: IPv6 redirects: %w", err)
 	}
 	return nil
 }
@@ -154,9 +195,14 @@ func (m *Manager) addSandbox(c *nftables.Conn, l *Link) error {
 	guest := l.Guest.As4()
 	gw := l.Host.As4()
 
-	// R2/R3: anything but IPv4 from the assigned address, unfragmented and
-	// without IP options, is dropped and counted.
-	add(pre, counted("v6_drop", expr.VerdictDrop, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV6})))
+	// R2/R3: anything but IPv4 (and, with IPv6 on, IPv6) from the
+	// assigned address, unfragmented and without IP options or extension
+	// headers, is dropped and counted.
+	if l.Guest6.IsValid() {
+		m.addPre6(c, pre, l)
+	} else {
+		add(pre, counted("v6_drop", expr.VerdictDrop, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV6})))
+	}
 	add(pre, counted("nonip_drop", expr.VerdictDrop, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpNeq, []byte{unix.NFPROTO_IPV4})))
 	add(pre, counted("spoof_drop", expr.VerdictDrop, payload(nh, 12, 4), cmp(expr.CmpOpNeq, guest[:])))
 	add(pre, counted("frag_drop", expr.VerdictDrop, payload(nh, 6, 2),
@@ -174,7 +220,17 @@ func (m *Manager) addSandbox(c *nftables.Conn, l *Link) error {
 
 	// After NAT only the gateway's own listeners on this sandbox's GW
 	// address remain; whatever conntrack did not redirect ends here.
-	add(in, counted("input_drop", expr.VerdictDrop, payload(nh, 16, 4), cmp(expr.CmpOpNeq, gw[:])))
+	if l.Host6.IsValid() {
+		gw6 := l.Host6.As16()
+		// Neighbour solicitations (to GW6's solicited-node group): the
+		// pre chain admitted only those for GW6.
+		add(in, counted("nd_in", expr.VerdictAccept, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV6}),
+			meta(expr.MetaKeyL4PROTO), cmp(expr.CmpOpEq, []byte{unix.IPPROTO_ICMPV6}), payload(th, 0, 1), cmp(expr.CmpOpEq, []byte{135})))
+		add(in, counted("input_drop", expr.VerdictDrop, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV6}),
+			payload(nh, 24, 16), cmp(expr.CmpOpNeq, gw6[:])))
+	}
+	add(in, counted("input_drop", expr.VerdictDrop, meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV4}),
+		payload(nh, 16, 4), cmp(expr.CmpOpNeq, gw[:])))
 	add(in, counted("dns_in", expr.VerdictAccept, meta(expr.MetaKeyL4PROTO), cmp(expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
 		payload(th, 2, 2), cmp(expr.CmpOpEq, port16(m.cfg.DNSPort))))
 	add(in, counted("dns_tcp_in", expr.VerdictAccept, meta(expr.MetaKeyL4PROTO), cmp(expr.CmpOpEq, []byte{unix.IPPROTO_TCP}),
@@ -182,6 +238,7 @@ func (m *Manager) addSandbox(c *nftables.Conn, l *Link) error {
 	add(in, counted("proxy_in", expr.VerdictAccept, meta(expr.MetaKeyL4PROTO), cmp(expr.CmpOpEq, []byte{unix.IPPROTO_TCP}),
 		payload(th, 2, 2), cmp(expr.CmpOpEq, port16(m.cfg.ProxyPort))))
 	add(in, counted("input_drop", expr.VerdictDrop))
+	m.addL2(c, l)
 
 	key := ifnameKey(l.HostIf)
 	if err := c.SetAddElements(&nftables.Set{Table: t, Name: setIfs, KeyType: nftables.TypeIFName},
@@ -213,6 +270,9 @@ func (m *Manager) delSandbox(c *nftables.Conn, ifname string, chains map[string]
 			c.DelChain(ch)
 		}
 	}
+	if chains == nil || chains[l2Chain(ifname)] {
+		m.delL2(c, ifname)
+	}
 }
 
 // sandboxIfnames lists the ifnames that have chains in the table.
@@ -227,6 +287,13 @@ func (m *Manager) sandboxChains(c *nftables.Conn) (map[string]bool, error) {
 			out[ch.Name] = true
 		}
 	}
+	l2, err := m.l2Chains(c)
+	if err != nil {
+		return nil, err
+	}
+	for name := range l2 {
+		out[name] = true
+	}
 	return out, nil
 }
 
@@ -239,19 +306,29 @@ func (m *Manager) counters(c *nftables.Conn, ifname string) (map[string]uint64, 
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range rules {
-			reason, ok := userdata.GetString(r.UserData, userdata.TypeComment)
-			if !ok {
-				continue
-			}
-			for _, e := range r.Exprs {
-				if ctr, ok := e.(*expr.Counter); ok {
-					out[reason] += ctr.Packets
-				}
+		addCounts(out, rules)
+	}
+	// The link-layer chain (absent for a sandbox set up by an older node).
+	if rules, err := c.GetRules(m.l2TableRef(), &nftables.Chain{Name: l2Chain(ifname), Table: m.l2TableRef()}); err == nil {
+		addCounts(out, rules)
+	}
+	return out, nil
+}
+
+// addCounts adds the packet counts of rules to out, by the reason each
+// rule's comment names.
+func addCounts(out map[string]uint64, rules []*nftables.Rule) {
+	for _, r := range rules {
+		reason, ok := userdata.GetString(r.UserData, userdata.TypeComment)
+		if !ok {
+			continue
+		}
+		for _, e := range r.Exprs {
+			if ctr, ok := e.(*expr.Counter); ok {
+				out[reason] += ctr.Packets
 			}
 		}
 	}
-	return out, nil
 }
 
 // removeTable deletes the whole table (tests, and a manager asked to
@@ -262,10 +339,16 @@ func (m *Manager) removeTable() error {
 		return err
 	}
 	defer c.CloseLasting()
-	if _, err := c.ListTableOfFamily(m.cfg.Table, nftables.TableFamilyINet); err != nil {
+	n := 0
+	for _, t := range []*nftables.Table{m.tableRef(), m.l2TableRef()} {
+		if _, err := c.ListTableOfFamily(t.Name, t.Family); err == nil {
+			c.DelTable(t)
+			n++
+		}
+	}
+	if n == 0 {
 		return nil
 	}
-	c.DelTable(m.tableRef())
 	return c.Flush()
 }
 
@@ -277,4 +360,40 @@ func (m *Manager) sandboxChainsNow() (map[string]bool, error) {
 	}
 	defer c.CloseLasting()
 	return m.sandboxChains(c)
+}
+
+// addPre6 queues the IPv6 part of a sandbox's pre chain: only its own
+// address as source, no fragments, no extension headers, TCP and UDP/53
+// (redirected by the nat chain like IPv4), neighbour solicitations for its
+// GW6 and nothing else of ICMPv6; MLD reports (the sandbox's kernel
+// announcing its multicast groups, from ::) are dropped and counted apart,
+// so that they do not look like spoofing.
+func (m *Manager) addPre6(c *nftables.Conn, pre *nftables.Chain, l *Link) {
+	t := m.tableRef()
+	add := func(r *nftables.Rule) { r.Table, r.Chain = t, pre; c.AddRule(r) }
+	nh, th := expr.PayloadBaseNetworkHeader, expr.PayloadBaseTransportHeader
+	v6 := func(more ...expr.Any) []expr.Any {
+		return append([]expr.Any{meta(expr.MetaKeyNFPROTO), cmp(expr.CmpOpEq, []byte{unix.NFPROTO_IPV6})}, more...)
+	}
+	next := func(op expr.CmpOp, p byte) []expr.Any { return []expr.Any{payload(nh, 6, 1), cmp(op, []byte{p})} }
+	icmp := func(typ byte) []expr.Any {
+		return append(next(expr.CmpOpEq, unix.IPPROTO_ICMPV6), payload(th, 0, 1), cmp(expr.CmpOpEq, []byte{typ}))
+	}
+	guest, gw := l.Guest6.As16(), l.Host6.As16()
+	for _, typ := range []byte{130, 131, 132, 143} {
+		add(counted("mld_drop", expr.VerdictDrop, v6(icmp(typ)...)...))
+	}
+	add(counted("spoof_drop", expr.VerdictDrop, v6(payload(nh, 8, 16), cmp(expr.CmpOpNeq, guest[:]))...))
+	add(counted("frag_drop", expr.VerdictDrop, v6(next(expr.CmpOpEq, 44)...)...))
+	for _, p := range []byte{0, 43, 60} { // hop-by-hop, routing, destination options
+		add(counted("ipopt_drop", expr.VerdictDrop, v6(next(expr.CmpOpEq, p)...)...))
+	}
+	add(counted("tcp", expr.VerdictAccept, v6(next(expr.CmpOpEq, unix.IPPROTO_TCP)...)...))
+	add(counted("dns", expr.VerdictAccept, v6(append(next(expr.CmpOpEq, unix.IPPROTO_UDP), payload(th, 2, 2), cmp(expr.CmpOpEq, port16(53)))...)...))
+	add(counted("udp_drop", expr.VerdictDrop, v6(next(expr.CmpOpEq, unix.IPPROTO_UDP)...)...))
+	// A neighbour solicitation for GW6 (hop limit 255: from the link).
+	add(counted("nd", expr.VerdictAccept, v6(append(icmp(135), payload(nh, 7, 1), cmp(expr.CmpOpEq, []byte{255}),
+		payload(th, 8, 16), cmp(expr.CmpOpEq, gw[:]))...)...))
+	add(counted("icmp_drop", expr.VerdictDrop, v6(next(expr.CmpOpEq, unix.IPPROTO_ICMPV6)...)...))
+	add(counted("proto_drop", expr.VerdictDrop, v6()...))
 }

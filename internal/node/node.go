@@ -271,6 +271,13 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	for k, v := range tpl.Defaults.Env {
 		cfg.Env[k] = v
 	}
+	if n.o.Network != nil && sb.Network != nil {
+		// HTTP_PROXY and friends: the explicit proxy on the sandbox's GW,
+		// when its policy allows anything.
+		for k, v := range n.o.Network.ProxyEnv(inst.ID(), sb.Network.Mode) {
+			cfg.Env[k] = v
+		}
+	}
 	for k, v := range sb.Env {
 		cfg.Env[k] = v
 	}

@@ -91,6 +91,9 @@ type startOptions struct {
 	// public and internal are added to the gateway's public ranges (the
 	// harness's documentation ranges) and internal ranges.
 	public, internal []netip.Prefix
+	// ipv6 is the sandboxes' IPv6 setting (netns.Config.IPv6; "": auto,
+	// which is on here: the test's host namespace has an IPv6 uplink).
+	ipv6 string
 }
 
 func startOpts(t *testing.T, o startOptions) *env {
@@ -177,7 +180,7 @@ func startOpts(t *testing.T, o startOptions) *env {
 		}
 	}
 	cfg.Egress = &server.EgressConfig{
-		Links: netns.Config{Pool: netip.MustParsePrefix("10.200.0.0/24"), IfPrefix: "spt", Table: "space-egress-test"},
+		Links: netns.Config{Pool: netip.MustParsePrefix("10.200.0.0/24"), IfPrefix: "spt", Table: "space-egress-test", IPv6: o.ipv6},
 		Gateway: egress.Config{
 			Upstream: netip.MustParseAddrPort(upstreamDNS + ":53"),
 			// The fake internet lives in documentation ranges (test-only).

@@ -48,6 +48,7 @@ const (
 
 type zoneEntry struct {
 	a      []string
+	aaaa   []string // IPv6 answers (TestEgressIPv6)
 	cname  string
 	rotate bool // one answer per query, in turn (TTL 0 rebinding)
 }
@@ -376,6 +377,11 @@ func (w *wan) dnsAnswer(msg []byte, from net.Addr) []byte {
 				b.AResource(dnsmessage.ResourceHeader{Name: qn, Class: dnsmessage.ClassINET, TTL: 0}, dnsmessage.AResource{A: netip.MustParseAddr(a).As4()})
 			}
 		}
+		if q.Type == dnsmessage.TypeAAAA {
+			for _, a := range e.aaaa {
+				b.AAAAResource(dnsmessage.ResourceHeader{Name: qn, Class: dnsmessage.ClassINET, TTL: 0}, dnsmessage.AAAAResource{AAAA: netip.MustParseAddr(a).As16()})
+			}
+		}
 		break
 	}
 	out, _ := b.Finish()
@@ -477,8 +483,12 @@ func (w *wan) serveAPI() error {
 
 // listenHTTP serves handler on ip:80 and, with cert, ip:443.
 func (w *wan) listenHTTP(ip string, handler http.Handler, cert tls.Certificate) error {
+	network := "tcp4"
+	if strings.Contains(ip, ":") {
+		network = "tcp6"
+	}
 	for _, port := range []string{"80", "443"} {
-		ln, err := net.Listen("tcp4", ip+":"+port)
+		ln, err := net.Listen(network, net.JoinHostPort(ip, port))
 		if err != nil {
 			return err
 		}
@@ -549,7 +559,10 @@ func (w *wan) serveEdge() error {
 	if err != nil {
 		return err
 	}
-	return w.listenHTTP(edgeIP, handler, cert)
+	if err := w.listenHTTP(edgeIP, handler, cert); err != nil {
+		return err
+	}
+	return w.listenHTTP(edgeIP6, handler, cert)
 }
 
 // serveAttacker is flagd: any TCP port it listens on answers FLAG and

