@@ -55,8 +55,12 @@ func runNode(args []string) error {
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "snapshot store shared with the other nodes: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); default: snapshots stay in <data-dir>/snapshots")
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	eg := egressFlags(fs)
+	lg := logFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return usageErr(helpOK(err))
+	}
+	if err := lg.apply(&cfg); err != nil {
+		return err
 	}
 	if eg.credKeyFile != "" {
 		return usagef("--egress-credential-key: credentials are stored by the servers; a node gets the secrets it injects in each signed call")

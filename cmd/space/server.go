@@ -64,7 +64,15 @@ func runServer(args []string) error {
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", "", "audit log of security decisions, JSON lines (default <data-dir>/audit.log; - for stderr)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
+	fs.DurationVar(&cfg.Retention, "retention", cfg.Retention, "prune ended sandboxes, finished operations and events older than this from the store (0 = keep them forever; snapshots are never pruned)")
+	lg := logFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.Retention < 0 {
+		return usagef("--retention %v: want 0 (keep forever) or a positive duration", cfg.Retention)
+	}
+	if err := lg.apply(&cfg); err != nil {
 		return err
 	}
 	if cfg.RemoteNodes {

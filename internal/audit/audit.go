@@ -36,6 +36,16 @@ type Log struct {
 	mu     sync.Mutex
 	l      *slog.Logger
 	closer io.Closer
+	ops    *slog.Logger
+}
+
+// AlsoWarn makes every refusal (outcome "denied": a cross-project access,
+// a 403) also a warn record "request refused" in the operational log ops,
+// with the same fields; the audit log keeps its own copy.
+func (l *Log) AlsoWarn(ops *slog.Logger) {
+	if l != nil {
+		l.ops = ops
+	}
 }
 
 // New writes events to w as JSON lines.
@@ -92,6 +102,13 @@ func (l *Log) Record(ctx context.Context, e Event) {
 	}
 	if id := RequestID(ctx); id != "" {
 		attrs = append(attrs, slog.String("request_id", id))
+	}
+	if e.Outcome == "denied" && l.ops != nil {
+		warn := attrs
+		if e.Owner != "" {
+			warn = append(warn[:len(warn):len(warn)], slog.Bool("cross_project", true))
+		}
+		l.ops.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "request refused", warn...)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/logx"
 )
 
 const (
@@ -104,6 +105,7 @@ func (k *Keys) Verify(ctx context.Context, plaintext string) (Principal, error) 
 	if subtle.ConstantTimeCompare(sum[:], key.Hash) != 1 || key.RevokedAt != nil {
 		return Principal{}, ErrInvalid
 	}
+	logx.SetPrincipal(ctx, logx.Principal{Project: key.ProjectID, KeyID: key.ID}) // the request's access-log line
 	return Principal{KeyID: key.ID, ProjectID: key.ProjectID, Admin: key.Admin}, nil
 }
 

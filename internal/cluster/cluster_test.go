@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 )
@@ -75,6 +76,7 @@ type fakeBackend struct {
 	started []string
 	stopped []string
 	failAt  string
+	reqIDs  map[string]string // sandbox id → the request id its start carried
 }
 
 func (f *fakeBackend) StartSandbox(ctx context.Context, sb core.Sandbox, _ core.Progress) (core.Placement, error) {
@@ -84,6 +86,10 @@ func (f *fakeBackend) StartSandbox(ctx context.Context, sb core.Sandbox, _ core.
 		return core.Placement{}, fmt.Errorf("no room: %w", core.ErrExhausted)
 	}
 	f.started = append(f.started, sb.ID)
+	if f.reqIDs == nil {
+		f.reqIDs = map[string]string{}
+	}
+	f.reqIDs[sb.ID] = audit.RequestID(ctx)
 	return core.Placement{Driver: "fake", Instance: sb.ID}, nil
 }
 func (f *fakeBackend) StopSandbox(ctx context.Context, id string) error {
@@ -166,6 +172,29 @@ func TestRPC(t *testing.T) {
 	}
 	if len(b.stopped) != 0 {
 		t.Fatalf("refused requests ran: %v", b.stopped)
+	}
+}
+
+// The request id of the API request behind a node call (in the caller's
+// context) reaches the node's work as X-Request-Id; a call without one
+// carries none.
+func TestRPCRequestID(t *testing.T) {
+	b := &fakeBackend{}
+	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
+	defer srv.Close()
+	c := NewClient("n1", srv.URL, NewSigner(secret, nil), nil)
+	ctx := audit.WithRequestID(context.Background(), "req-0123456789abcdef")
+	if _, err := c.StartSandbox(ctx, core.Sandbox{ID: "sbx-0000000000000001", Template: "minimal"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartSandbox(context.Background(), core.Sandbox{ID: "sbx-0000000000000002", Template: "minimal"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.reqIDs["sbx-0000000000000001"]; got != "req-0123456789abcdef" {
+		t.Errorf("node saw request id %q, want req-0123456789abcdef", got)
+	}
+	if got := b.reqIDs["sbx-0000000000000002"]; got != "" {
+		t.Errorf("a call without a request id got %q", got)
 	}
 }
 

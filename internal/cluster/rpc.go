@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
 )
@@ -166,8 +167,13 @@ func (h *Handler) route(path string, fn func(ctx context.Context, body []byte) (
 		}
 		// A caller that dies mid-call (a replica killed) must not abort
 		// the node half-way through a start or stop: the work finishes, and
-		// the surviving replicas settle the sandbox from its record.
+		// the surviving replicas settle the sandbox from its record. The
+		// caller's request id (X-Request-Id: the API request that made the
+		// operation) goes with the work into the node's log records.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rpcWorkLimit)
+		if id := r.Header.Get("X-Request-Id"); id != "" && audit.RequestID(ctx) == "" {
+			ctx = audit.WithRequestID(ctx, audit.RequestIDFrom(id))
+		}
 		defer cancel()
 		out, err := fn(ctx, body)
 		if err != nil {
@@ -230,6 +236,9 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", authScheme+c.s.Sign(c.Name, http.MethodPost, path, body))
+	if id := audit.RequestID(ctx); id != "" {
+		req.Header.Set("X-Request-Id", id) // the node logs its work under the request that made it
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -90,7 +90,7 @@ func (s *Service) hibernate(ctx context.Context, projectID, id, idemKey string, 
 		}
 		return stored, nil
 	}
-	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
 		out, err := s.runHibernate(ctx, sr, pr, snap, progress)
 		if err != nil {
 			if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), snap.ID, func(cur *Snapshot) error {

@@ -118,6 +118,7 @@ func (s *Service) FailOrphanOperations(ctx context.Context, ops []Operation, rea
 		// The sandbox is settled first, so whoever sees the operation
 		// failed also sees the sandbox's final state.
 		s.settleOrphan(ctx, op, reason)
+		s.engine.interrupted(ctx, op, reason)
 		op.State = OpFailed
 		op.Error = &OpError{Code: "interrupted", Message: reason}
 		s.engine.saveCtx(ctx, op)

@@ -9,8 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/space-sandbox/space/internal/audit"
+	"github.com/space-sandbox/space/internal/logx"
 )
 
 // NewID returns prefix + 16 random hex characters.
@@ -35,17 +39,37 @@ type Engine struct {
 	store  Store
 	broker *Broker
 	now    func() time.Time
-	logf   func(string, ...any)
+	log    *slog.Logger
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	running map[string]Operation // started and not yet ended, by id
 }
 
-// NewEngine returns an engine; operations run under ctx.
+// NewEngine returns an engine; operations run under ctx. Its records go to
+// logf (see SetLogger).
 func NewEngine(ctx context.Context, store Store, broker *Broker, now func() time.Time, logf func(string, ...any)) *Engine {
 	ctx, cancel := context.WithCancel(ctx)
-	return &Engine{store: store, broker: broker, now: now, logf: logf, ctx: ctx, cancel: cancel}
+	return &Engine{store: store, broker: broker, now: now, log: logx.FromLogf(logf), ctx: ctx, cancel: cancel,
+		running: map[string]Operation{}}
+}
+
+// SetLogger sends the engine's records to l: one per ended operation
+// ("operation ended", with the request id of the request that made it),
+// one per operation Recover fails ("operation interrupted") and what
+// Shutdown leaves. Call it before the engine runs anything.
+func (e *Engine) SetLogger(l *slog.Logger) {
+	if l != nil {
+		e.log = l
+	}
+}
+
+func opAttrs(op Operation) []slog.Attr {
+	return []slog.Attr{slog.String("operation", op.ID), slog.String("kind", op.Kind), slog.String("target", op.Target),
+		slog.String("project", op.ProjectID)}
 }
 
 // NewOperation returns a pending operation record (not yet stored). Its
@@ -124,22 +148,37 @@ func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn Op
 		}
 		return stored, nil
 	}
-	e.Start(stored, fn)
+	e.Start(ctx, stored, fn)
 	return stored, nil
 }
 
-// Start runs fn for an operation that is already stored as pending.
-func (e *Engine) Start(op Operation, fn OpFunc) {
+// Start runs fn for an operation that is already stored as pending. ctx is
+// the request's: only its request id is kept (audit.RequestID), for the
+// operation's log records and the node calls it makes; the work runs under
+// the engine's own context.
+func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 	e.publish(op)
+	e.mu.Lock()
+	e.running[op.ID] = op
+	e.mu.Unlock()
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		e.run(op, fn)
+		defer func() {
+			e.mu.Lock()
+			delete(e.running, op.ID)
+			e.mu.Unlock()
+		}()
+		e.run(audit.RequestID(ctx), op, fn)
 	}()
 }
 
-func (e *Engine) run(op Operation, fn OpFunc) {
+func (e *Engine) run(requestID string, op Operation, fn OpFunc) {
 	ctx := e.ctx
+	if requestID != "" {
+		ctx = audit.WithRequestID(ctx, requestID)
+	}
+	t0 := e.now()
 	op.State = OpRunning
 	e.save(op)
 	var mu sync.Mutex
@@ -180,6 +219,16 @@ func (e *Engine) run(op Operation, fn OpFunc) {
 	}
 	// The engine's context may be cancelled at shutdown; record the outcome anyway.
 	e.saveCtx(context.WithoutCancel(ctx), op)
+	attrs := append(opAttrs(op), slog.String("state", string(op.State)),
+		slog.Float64("duration_ms", float64(e.now().Sub(t0).Microseconds())/1000))
+	level := slog.LevelInfo
+	if op.Error != nil {
+		attrs = append(attrs, slog.String("error_code", op.Error.Code), slog.String("error", op.Error.Message))
+		if op.State == OpFailed {
+			level = slog.LevelWarn
+		}
+	}
+	e.log.LogAttrs(context.WithoutCancel(ctx), level, "operation ended", attrs...)
 }
 
 func (e *Engine) save(op Operation) { e.saveCtx(e.ctx, op) }
@@ -187,7 +236,7 @@ func (e *Engine) save(op Operation) { e.saveCtx(e.ctx, op) }
 func (e *Engine) saveCtx(ctx context.Context, op Operation) {
 	op.UpdatedAt = e.now().UTC()
 	if err := e.store.UpdateOperation(ctx, op); err != nil {
-		e.logf("operation %s: save: %v", op.ID, err)
+		e.log.LogAttrs(ctx, slog.LevelWarn, "operation save failed", append(opAttrs(op), slog.String("error", err.Error()))...)
 		return
 	}
 	e.publishCtx(ctx, op)
@@ -197,7 +246,7 @@ func (e *Engine) publish(op Operation) { e.publishCtx(e.ctx, op) }
 
 func (e *Engine) publishCtx(ctx context.Context, op Operation) {
 	if err := e.broker.Publish(ctx, op.ProjectID, "operation.updated", sandboxTarget(op), op.ID, op); err != nil {
-		e.logf("operation %s: publish: %v", op.ID, err)
+		e.log.LogAttrs(ctx, slog.LevelWarn, "operation publish failed", append(opAttrs(op), slog.String("error", err.Error()))...)
 	}
 }
 
@@ -236,6 +285,7 @@ func (e *Engine) Recover(ctx context.Context) ([]Operation, error) {
 		return nil, err
 	}
 	for i := range ops {
+		e.interrupted(ctx, ops[i], "the server stopped while this operation ran")
 		ops[i].State = OpFailed
 		ops[i].Error = &OpError{Code: "interrupted", Message: "the server stopped while this operation ran"}
 		e.saveCtx(ctx, ops[i])
@@ -243,14 +293,40 @@ func (e *Engine) Recover(ctx context.Context) ([]Operation, error) {
 	return ops, nil
 }
 
+// interrupted logs an unfinished operation that is failed for reason.
+func (e *Engine) interrupted(ctx context.Context, op Operation, reason string) {
+	e.log.LogAttrs(ctx, slog.LevelWarn, "operation interrupted", append(opAttrs(op), slog.String("state", string(op.State)),
+		slog.Time("created_at", op.CreatedAt), slog.String("reason", reason))...)
+}
+
+// Running returns how many operations the engine runs now.
+func (e *Engine) Running() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.running)
+}
+
 // Shutdown cancels running operations and waits for them (bounded by ctx).
+// It logs what it cancelled and, past ctx's deadline, what was still
+// running (those are failed as interrupted at the next start).
 func (e *Engine) Shutdown(ctx context.Context) {
+	if n := e.Running(); n > 0 {
+		e.log.LogAttrs(ctx, slog.LevelInfo, "shutdown: cancelling running operations", slog.Int("operations", n))
+	}
 	e.cancel()
 	done := make(chan struct{})
 	go func() { e.wg.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
+		e.mu.Lock()
+		left := make([]string, 0, len(e.running))
+		for id, op := range e.running {
+			left = append(left, id+" ("+op.Kind+" "+op.Target+")")
+		}
+		e.mu.Unlock()
+		e.log.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "shutdown: operations still running",
+			slog.Int("operations", len(left)), slog.Any("ids", left))
 	}
 }
 

@@ -357,7 +357,7 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 		return existing, stored, err
 	}
 	s.publishState(ctx, sb)
-	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
 		return s.runCreate(ctx, sb, progress)
 	})
 	return sb, stored, nil

@@ -319,7 +319,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idem
 		existing, err := s.store.GetSnapshot(ctx, projectID, stored.Target)
 		return existing, stored, err
 	}
-	s.engine.Start(stored, func(ctx context.Context, progress Progress) (any, error) {
+	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
 		out, err := s.runSnapshot(ctx, sr, snap, progress)
 		if err != nil {
 			if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), snap.ID, func(cur *Snapshot) error {

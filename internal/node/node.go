@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -25,6 +26,7 @@ import (
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/egress/policy"
 	"github.com/space-sandbox/space/internal/execlog"
+	"github.com/space-sandbox/space/internal/logx"
 	"github.com/space-sandbox/space/internal/snapshot"
 	"github.com/space-sandbox/space/internal/template"
 )
@@ -55,6 +57,9 @@ type Options struct {
 	// exited), so the lifecycle can report it lost with the reason.
 	OnLost func(id, reason string)
 	Logf   func(string, ...any)
+	// Logger, if set, receives the node's structured records (a command
+	// killed by the OOM killer); default: rendered into Logf.
+	Logger *slog.Logger
 	// Observer, if set, is told of starts, stops, commands and snapshots
 	// (metrics).
 	Observer Observer
@@ -92,6 +97,9 @@ func New(o Options) (*Node, error) {
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
+	}
+	if o.Logger == nil {
+		o.Logger = logx.FromLogf(o.Logf)
 	}
 	if err := os.MkdirAll(o.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node log dir: %w", err)
@@ -708,6 +716,7 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 				if ex.Signal == "SIGKILL" && !ex.TimedOut {
 					if now, err := s.inst.OOMKills(); err == nil && now > startOOM {
 						ex.OOMKilled = true
+						s.logOOM(c, now)
 					}
 				}
 				c.finish(&ex)

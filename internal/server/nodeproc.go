@@ -203,9 +203,10 @@ func hostMemory() int64 {
 // servers (the node registry, sandbox records and the session-token key)
 // and the cluster secret.
 func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, error) {
-	if cfg.Logf == nil {
+	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = DefaultConfig().Logf
 	}
+	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {
 		return nil, err
 	}
@@ -298,6 +299,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		// The service is made below; sandboxes only die after StartNode returns.
 		OnLost:   func(id, reason string) { p.svc.MarkLost(context.Background(), id, reason) },
 		Logf:     cfg.Logf,
+		Logger:   cfg.Logger,
 		Observer: obs.Node(),
 	})
 	if err != nil {
@@ -307,6 +309,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.cancel = cancel
 	broker := core.NewBroker(p.store, time.Now)
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
+	p.engine.SetLogger(cfg.Logger)
 	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
@@ -371,6 +374,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}
+	p.startLogging(sessions)
 	for _, s := range []struct {
 		srv *http.Server
 		ln  net.Listener
@@ -475,6 +479,8 @@ func (p *NodeProcess) DataAddr() string { return p.dataLn.Addr().String() }
 // the cluster's heartbeat timeout re-adopts them. With none left, the host
 // table, the sandbox cgroups and the run dir are removed (tidyHost).
 func (p *NodeProcess) Shutdown(ctx context.Context) error {
+	done := shutdownLog(p.cfg.Logger, "node", p.engine, p.rt.count())
+	defer done()
 	p.closeAll(ctx)
 	if p.node != nil {
 		tidyHost(p.cfg, p.node.Count(), p.net)

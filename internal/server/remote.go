@@ -85,6 +85,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		go func() { defer s.wg.Done(); w.WatchEvents(runCtx, broker.Wake) }()
 	}
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
+	s.engine.SetLogger(cfg.Logger)
 	remote, err := cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
 		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Logf: cfg.Logf})
 	if err != nil {
@@ -140,6 +141,8 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {
 		return nil, err
 	}
+	s.startLogging(sessions)
+	startPruner(runCtx, &s.wg, s.store, cfg)
 	s.wg.Add(3)
 	go func() {
 		defer s.wg.Done()

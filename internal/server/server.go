@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"github.com/space-sandbox/space/internal/audit"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -68,6 +69,15 @@ type Config struct {
 	// gateway; nil keeps sandboxes without any network.
 	Egress *EgressConfig
 	Logf   func(string, ...any)
+	// Logger receives the structured records: the access log, operations,
+	// OOM kills, refusals, shutdown (space server --log-format). nil: they
+	// are rendered into Logf; set without Logf, it backs Logf too.
+	Logger *slog.Logger
+	// Retention: ended sandboxes, finished operations and events older
+	// than this are pruned from the store every PruneInterval (default a
+	// tenth of it, 1 s to 10 min); 0 keeps them forever.
+	Retention     time.Duration
+	PruneInterval time.Duration
 
 	// SnapshotStore, if set, is a snapshot store shared between nodes
 	// ("dir:/path" or "s3://bucket/prefix?endpoint=host:port"): snapshots
@@ -126,6 +136,7 @@ func DefaultConfig() Config {
 		MaxLimits:     core.Limits{MemoryBytes: 16 << 30, CPUMillis: 64000, Pids: 65536},
 		UIDBase:       100000,
 		Logf:          log.Printf,
+		Retention:     7 * 24 * time.Hour,
 	}
 }
 
@@ -393,9 +404,10 @@ func isExecutable(p string) bool {
 // Start opens everything, reconciles state left by a previous process and
 // begins serving. It returns once both listeners accept connections.
 func Start(ctx context.Context, cfg Config) (*Server, error) {
-	if cfg.Logf == nil {
+	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = log.Printf
 	}
+	cfg = withLoggers(cfg)
 	if cfg.RemoteNodes {
 		return startRemote(ctx, cfg)
 	}
@@ -474,6 +486,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		// The service is made below; sandboxes only die after Start returns.
 		OnLost:   func(id, reason string) { s.svc.MarkLost(context.Background(), id, reason) },
 		Logf:     cfg.Logf,
+		Logger:   cfg.Logger,
 		Observer: obs.Node(),
 	})
 	if err != nil {
@@ -488,6 +501,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		go func() { defer s.wg.Done(); w.WatchEvents(runCtx, broker.Wake) }()
 	}
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
+	s.engine.SetLogger(cfg.Logger)
 	var rt core.Runtime = &runtime{Node: s.node, t: s.templates}
 	if s.net != nil {
 		rt = &egressRuntime{runtime: rt.(*runtime), net: s.net, creds: s.creds, logf: cfg.Logf}
@@ -550,6 +564,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}
+	s.startLogging(sessions)
 	for _, p := range []struct {
 		srv *http.Server
 		ln  net.Listener
@@ -566,6 +581,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.svc.RunReaper(runCtx, time.Second) }()
 	go func() { defer s.wg.Done(); s.templates.ensure(runCtx, cfg.Builtins, s.node) }()
+	startPruner(runCtx, &s.wg, s.store, cfg)
 	if cfg.AddrFile != "" {
 		doc := fmt.Sprintf(`{"control":"http://%s","data":%q}`+"\n", s.ctrlLn.Addr(), dataURL)
 		tmp := cfg.AddrFile + ".tmp"
@@ -639,6 +655,8 @@ func (s *Server) Network() *egress.Network { return s.net }
 // re-adopts them. With none left, the host table, the sandbox cgroups and
 // the run dir are removed (tidyHost).
 func (s *Server) Shutdown(ctx context.Context) error {
+	done := shutdownLog(s.cfg.Logger, "server", s.engine, s.liveHere(ctx))
+	defer done()
 	s.closeAll(ctx)
 	if s.node != nil {
 		tidyHost(s.cfg, s.node.Count(), s.net)
