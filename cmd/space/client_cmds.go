@@ -260,7 +260,7 @@ const sandboxUsage = `usage: space sandbox <verb> [flags]
 
 verbs:
   create [--template base] [--env K=V]... [--metadata K=V]... [--memory 512M] [--cpus 1.5]
-         [--pids N] [--timeout 15m] [--wait=true]
+         [--pids N] [--disk 1G] [--timeout 15m] [--wait=true]
   list   [--state running] [--metadata K=V]... [--limit N]
   get    ID
   exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [-t|--tty] [-i|--stdin] [--timeout D] ID [--] CMD ARGS...
@@ -311,6 +311,7 @@ func sandboxCreate(args []string) error {
 	memory := fs.String("memory", "", "memory limit, e.g. 512M or 2G (default: the server's)")
 	cpus := fs.Float64("cpus", 0, "CPU limit in cores, e.g. 1.5 (default: the server's)")
 	pids := fs.Int64("pids", 0, "process limit (default: the server's)")
+	disk := fs.String("disk", "", "disk limit of the writable layer, e.g. 1G (default: the server's)")
 	timeout := fs.Duration("timeout", 0, "delete the sandbox after this long; 0 = never (default: the server's)")
 	wait := fs.Bool("wait", true, "wait until the sandbox is running")
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
@@ -328,6 +329,11 @@ func sandboxCreate(args []string) error {
 	}
 	if *memory != "" {
 		if req.Limits.MemoryBytes, err = parseByteSize(*memory); err != nil {
+			return err
+		}
+	}
+	if *disk != "" {
+		if req.Limits.DiskBytes, err = parseByteSize(*disk); err != nil {
 			return err
 		}
 	}
@@ -455,6 +461,9 @@ func sandboxGet(args []string) error {
 	}
 	if sb.Limits.Pids > 0 {
 		limits = append(limits, fmt.Sprintf("pids=%d", sb.Limits.Pids))
+	}
+	if sb.Limits.DiskBytes > 0 {
+		limits = append(limits, "disk="+humanBytes(sb.Limits.DiskBytes))
 	}
 	exp := "never"
 	if sb.ExpiresAt != nil {
@@ -642,8 +651,12 @@ func sandboxExec(args []string) error {
 	}
 	exit, err := sc.Stream(ctx, cmd.ID, 0, func(ev client.Event) error {
 		w := os.Stdout
-		if ev.Type == client.EventStderr {
+		switch ev.Type {
+		case client.EventStderr:
 			w = os.Stderr
+		case client.EventDropped:
+			fmt.Fprintln(os.Stderr, droppedNotice(ev))
+			return nil
 		}
 		_, err := w.Write(ev.Data)
 		return err
@@ -1172,4 +1185,12 @@ func opsWatch(args []string) error {
 		fmt.Fprintf(cl.out, "error: %s: %s\n", op.Error.Code, op.Error.Message)
 	}
 	return err
+}
+
+// droppedNotice says what a "dropped" event means, for a terminal.
+func droppedNotice(ev client.Event) string {
+	var d client.Dropped
+	_ = json.Unmarshal(ev.Data, &d)
+	return fmt.Sprintf("space: output dropped: events 1-%d (%s of output) exceeded the sandbox's bound on kept output; continuing at event %d",
+		d.DroppedEvents, humanBytes(d.DroppedBytes), d.FirstSeq)
 }

@@ -25,7 +25,7 @@ type completionVerb struct {
 // completionTable maps "cmd" and "cmd verb" to what follows them. The
 // CLI tests check it against each verb's -h output.
 var completionTable = map[string]completionVerb{
-	"sandbox create":    {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--timeout", "--wait", "--idempotency-key"}},
+	"sandbox create":    {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--disk", "--timeout", "--wait", "--idempotency-key"}},
 	"sandbox list":      {client: true, flags: []string{"--state", "--metadata", "--limit"}},
 	"sandbox get":       {client: true, ids: "sandboxes"},
 	"sandbox exec":      {client: true, ids: "sandboxes", flags: []string{"--shell", "--env", "--cwd", "--user", "--tty", "-t", "--stdin", "-i", "--timeout", "--tag"}},

@@ -328,8 +328,12 @@ func runLogs(args []string) error {
 				return enc(map[string]any{"command": cmd.ID, "seq": ev.Seq, "type": ev.Type, "data": string(ev.Data)})
 			}
 			w := cl.out
-			if ev.Type == client.EventStderr {
+			switch ev.Type {
+			case client.EventStderr:
 				w = cl.errOut
+			case client.EventDropped:
+				fmt.Fprintln(cl.errOut, droppedNotice(ev))
+				return nil
 			}
 			_, err := w.Write(ev.Data)
 			return err

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,6 +94,7 @@ const (
 	MaxMetaKeyLen    = 64
 	MaxMetaValLen    = 512
 	MaxTimeoutSecond = 7 * 24 * 3600
+	MinDiskBytes     = 16 << 20
 )
 
 var (
@@ -191,6 +193,11 @@ func (s *Service) validate(req *CreateRequest) error {
 	if l.Pids == 0 {
 		l.Pids = def.Pids
 	}
+	if l.DiskBytes == 0 {
+		// No default but a maximum: the maximum, so no sandbox goes
+		// without a bound the operator asked for.
+		l.DiskBytes = cmp.Or(def.DiskBytes, mx.DiskBytes)
+	}
 	if l.MemoryBytes < 0 || l.MemoryBytes != 0 && l.MemoryBytes < 16<<20 || mx.MemoryBytes > 0 && l.MemoryBytes > mx.MemoryBytes {
 		return invalid("memory_bytes must be between 16 MiB and %d", mx.MemoryBytes)
 	}
@@ -199,6 +206,12 @@ func (s *Service) validate(req *CreateRequest) error {
 	}
 	if l.Pids < 0 || l.Pids != 0 && l.Pids < 8 || mx.Pids > 0 && l.Pids > mx.Pids {
 		return invalid("pids must be between 8 and %d", mx.Pids)
+	}
+	if l.DiskBytes > 0 && def.DiskBytes == 0 && mx.DiskBytes == 0 {
+		return invalid("disk_bytes: this server does not limit disks (its operator turns that on with --default-disk-bytes or --max-disk-bytes)")
+	}
+	if l.DiskBytes < 0 || l.DiskBytes != 0 && l.DiskBytes < MinDiskBytes || mx.DiskBytes > 0 && l.DiskBytes > mx.DiskBytes {
+		return invalid("disk_bytes must be between 16 MiB and %d", mx.DiskBytes)
 	}
 	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
 		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)

@@ -55,6 +55,10 @@ type Limits struct {
 	CPUMillis   int64 `json:"cpu_millis,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// DiskBytes bounds the sandbox's writable layer (its own filesystem
+	// of this size; writes past it fail with ENOSPC inside). Zero: the
+	// server's default, which may be none.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // Sandbox is the persisted record of one sandbox.

@@ -316,11 +316,13 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request, sb *node.San
 	return nil
 }
 
-var eventNames = map[byte]string{execlog.Stdout: "stdout", execlog.Stderr: "stderr", execlog.Exit: "exit"}
+var eventNames = map[byte]string{execlog.Stdout: "stdout", execlog.Stderr: "stderr", execlog.Exit: "exit", execlog.Dropped: "dropped"}
 
 // commandEvents streams a command's output as SSE: "stdout"/"stderr" events
 // carry base64 chunks, the last event is "exit" with JSON. Event ids are
-// sequence numbers; Last-Event-ID resumes after one.
+// sequence numbers; Last-Event-ID resumes after one. Where the sandbox's
+// output bound dropped events the client asked for, a "dropped" event
+// (JSON execlog.DropInfo, id: the last dropped event) comes first.
 func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.Sandbox) error {
 	c, err := s.command(r, sb)
 	if err != nil {
@@ -365,6 +367,12 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 			sse.Flush()
 			return nil
 		}
+		if rec.Type == execlog.Dropped {
+			if err := sse.Event(id, "dropped", rec.Data); err != nil {
+				return nil
+			}
+			continue
+		}
 		n := base64.StdEncoding.EncodedLen(len(rec.Data))
 		if cap(enc) < n {
 			enc = make([]byte, n)
@@ -384,7 +392,8 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 
 // streamFrames is the binary alternative to SSE for bulk consumers: the
 // same events, each as a 13-byte header (seq u64, type u8, length u32, big
-// endian) and the raw bytes, so output needs no base64 on either side. A
+// endian) and the raw bytes, so output needs no base64 on either side
+// (types: 1 stdout, 2 stderr, 3 exit and 4 dropped, both with JSON). A
 // client asks for it with Accept: application/x-space-events and resumes
 // with Last-Event-ID like an SSE client.
 func streamFrames(w http.ResponseWriter, r *http.Request, rd *execlog.Reader) error {

@@ -24,6 +24,13 @@ type Limits struct {
 	MemoryBytes int64 // hard memory limit (RAM + swap where the host allows)
 	CPUMillis   int64 // CPU bandwidth in thousandths of a CPU (1000 = one full core)
 	Pids        int64 // maximum number of tasks
+	// DiskBytes is the size of the sandbox's writable layer: its own
+	// filesystem of this size (drivers with a disk manager; VM drivers:
+	// the writable disk), so writes past it fail with ENOSPC inside.
+	// Zero: the driver's default (none for the container drivers without
+	// one). It is fixed at create: SetLimits with another size fails with
+	// ErrUnsupported.
+	DiskBytes int64
 }
 
 // Spec describes a sandbox to create.

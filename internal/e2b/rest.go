@@ -359,7 +359,7 @@ func (a *API) listed(sb core.Sandbox) listedSandbox {
 	}
 	return listedSandbox{
 		SandboxID: sb.ID, TemplateID: sb.Template, ClientID: clientID, CPUCount: cpu,
-		MemoryMB: sb.Limits.MemoryBytes >> 20, EnvdVersion: EnvdVersion, Metadata: md,
+		MemoryMB: sb.Limits.MemoryBytes >> 20, DiskSizeMB: sb.Limits.DiskBytes >> 20, EnvdVersion: EnvdVersion, Metadata: md,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: end.UTC(), State: state,
 	}
 }

@@ -3,11 +3,16 @@ package execlog
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestAppendFollowResume(t *testing.T) {
@@ -71,21 +76,198 @@ func TestAppendFollowResume(t *testing.T) {
 	}
 }
 
-func TestSizeCapKeepsExit(t *testing.T) {
-	l, _ := Create(filepath.Join(t.TempDir(), "log"), 100)
+// readAll reads rd to the end (or until ctx ends), copying each record.
+func readAll(t *testing.T, rd *Reader) []Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var recs []Record
+	for {
+		r, err := rd.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return recs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Data = append([]byte(nil), r.Data...)
+		recs = append(recs, r)
+	}
+}
+
+func dropInfo(t *testing.T, r Record) DropInfo {
+	t.Helper()
+	if r.Type != Dropped {
+		t.Fatalf("record %d is type %d, want a Dropped marker", r.Seq, r.Type)
+	}
+	var d DropInfo
+	if err := json.Unmarshal(r.Data, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestDropOldest: past its budget a log drops its oldest output; a reader
+// from a dropped position gets one Dropped marker, then the oldest kept
+// event; the exit is always kept; the file's blocks follow what is kept.
+func TestDropOldest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	const chunk = 4000
+	l, err := Create(path, 10*(chunk+EventOverhead))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer l.Close()
-	big := bytes.Repeat([]byte("x"), 60)
-	if seq, _ := l.Append(Stdout, big); seq != 1 {
-		t.Fatal("first chunk dropped")
+	live, _ := l.NewReader(0)
+	for i := 1; i <= 100; i++ {
+		if seq, err := l.Append(Stdout, bytes.Repeat([]byte{byte(i)}, chunk)); err != nil || seq != uint64(i) {
+			t.Fatalf("append %d: seq %d, %v", i, seq, err)
+		}
 	}
-	if seq, _ := l.Append(Stdout, big); seq != 0 {
-		t.Fatal("chunk past the cap stored")
+	if seq, err := l.Append(Exit, []byte(`{"code":0}`)); err != nil || seq != 101 {
+		t.Fatalf("exit: %d %v", seq, err)
 	}
-	if seq, _ := l.Append(Exit, []byte(`{}`)); seq != 2 {
-		t.Fatalf("exit not stored after cap (seq %d)", seq)
+	if !l.Truncated() || l.LastSeq() != 101 {
+		t.Fatalf("truncated %v, last %d", l.Truncated(), l.LastSeq())
 	}
-	if !l.Truncated() {
-		t.Fatal("truncation not reported")
+	want := DropInfo{DroppedEvents: 90, DroppedBytes: 90 * chunk, FirstSeq: 91}
+	if got := l.Dropped(); got != want {
+		t.Fatalf("Dropped() = %+v, want %+v", got, want)
+	}
+	// From the start, and from a dropped position: marker, 91..100, exit.
+	for _, after := range []uint64{0, 50, 89} {
+		rd, err := l.NewReader(after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := readAll(t, rd)
+		if len(recs) != 12 || dropInfo(t, recs[0]) != want || recs[0].Seq != 90 {
+			t.Fatalf("after %d: %d records, first %+v", after, len(recs), recs[0])
+		}
+		for i, r := range recs[1:11] {
+			if r.Seq != uint64(91+i) || r.Type != Stdout || len(r.Data) != chunk || r.Data[0] != byte(91+i) || r.Data[chunk-1] != byte(91+i) {
+				t.Fatalf("after %d: record %d: seq %d type %d data[0] %d", after, i, r.Seq, r.Type, r.Data[0])
+			}
+		}
+		if recs[11].Seq != 101 || recs[11].Type != Exit {
+			t.Fatalf("after %d: last %+v", after, recs[11])
+		}
+	}
+	// Resuming after the marker's id (the last dropped event) or inside
+	// what is kept needs no marker.
+	rd, _ := l.NewReader(90)
+	if recs := readAll(t, rd); len(recs) != 11 || recs[0].Seq != 91 {
+		t.Fatalf("after 90: %d records, first seq %d", len(recs), recs[0].Seq)
+	}
+	// The reader that followed from the start fell behind: marker, then on.
+	recs := readAll(t, live)
+	if dropInfo(t, recs[0]).FirstSeq != 91 || len(recs) != 12 {
+		t.Fatalf("live reader: %d records, first %+v", len(recs), recs[0])
+	}
+	// The disk holds what is kept (one partial block of slack).
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if onDisk, kept := st.Blocks*512, int64(11*(chunk+headerLen)); onDisk > kept+8<<10 {
+		t.Fatalf("file holds %d bytes on disk for %d kept (size %d)", onDisk, kept, st.Size)
+	}
+}
+
+// TestBudgetAcrossLogs: logs sharing a budget drop the oldest output of
+// any of them first, in append order; closing a log frees its share.
+func TestBudgetAcrossLogs(t *testing.T) {
+	dir := t.TempDir()
+	const chunk = 1000
+	b := NewBudget(6 * (chunk + EventOverhead))
+	a, _ := b.Create(filepath.Join(dir, "a"))
+	c, _ := b.Create(filepath.Join(dir, "c"))
+	data := bytes.Repeat([]byte("x"), chunk)
+	for i := 0; i < 3; i++ { // a1 a2 a3, then c1..c3: full
+		a.Append(Stdout, data)
+	}
+	a.Append(Exit, []byte(`{}`))
+	for i := 0; i < 3; i++ {
+		c.Append(Stderr, data)
+	}
+	if a.Truncated() || c.Truncated() {
+		t.Fatal("dropped before the budget was full")
+	}
+	c.Append(Stderr, data) // drops a1
+	c.Append(Stderr, data) // drops a2
+	if a.Dropped().FirstSeq != 3 || c.Truncated() {
+		t.Fatalf("a %+v, c truncated %v", a.Dropped(), c.Truncated())
+	}
+	for i := 0; i < 2; i++ { // a3, then c1
+		c.Append(Stderr, data)
+	}
+	if a.Dropped().FirstSeq != 4 || c.Dropped().FirstSeq != 2 {
+		t.Fatalf("a %+v, c %+v", a.Dropped(), c.Dropped())
+	}
+	// a keeps its exit, and nothing else.
+	rd, _ := a.NewReader(0)
+	if recs := readAll(t, rd); len(recs) != 2 || recs[0].Type != Dropped || recs[1].Type != Exit || recs[1].Seq != 4 {
+		t.Fatalf("a: %+v", recs)
+	}
+	if used := b.Used(); used != 6*(chunk+EventOverhead) {
+		t.Fatalf("budget used %d", used)
+	}
+	c.Close()
+	if used := b.Used(); used != 0 {
+		t.Fatalf("after closing c, budget used %d", used)
+	}
+	a.Close()
+}
+
+// TestNoPunch: where holes cannot be punched the file is rewritten with
+// what is kept, and readers (also one in the middle of the log) go on.
+func TestNoPunch(t *testing.T) {
+	old := punchHole
+	punchHole = func(*os.File, int64, int64) error { return unix.EOPNOTSUPP }
+	defer func() { punchHole = old }()
+	path := filepath.Join(t.TempDir(), "log")
+	const chunk = 64 << 10
+	l, _ := Create(path, 8*(chunk+EventOverhead))
+	defer l.Close()
+	rd, _ := l.NewReader(0)
+	for i := 1; i <= 200; i++ {
+		l.Append(Stdout, bytes.Repeat([]byte{byte(i)}, chunk))
+		if i == 1 {
+			if r, err := rd.Next(context.Background()); err != nil || r.Seq != 1 {
+				t.Fatalf("first read: %+v %v", r, err)
+			}
+		}
+	}
+	l.Append(Exit, []byte(`{}`))
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 1<<20+10*(chunk+headerLen) { // rewritten once 1 MiB is dead
+		t.Fatalf("file is %d bytes for 8 kept events", fi.Size())
+	}
+	recs := readAll(t, rd)
+	if len(recs) != 10 || dropInfo(t, recs[0]).FirstSeq != 193 || recs[1].Seq != 193 || recs[1].Data[0] != 193 || recs[9].Type != Exit {
+		t.Fatalf("%d records, first %+v", len(recs), recs[0])
+	}
+}
+
+// TestHugeEvent: an event larger than the whole budget is numbered and
+// dropped; what follows is kept.
+func TestHugeEvent(t *testing.T) {
+	l, _ := Create(filepath.Join(t.TempDir(), "log"), 1000)
+	defer l.Close()
+	if seq, err := l.Append(Stdout, make([]byte, 5000)); err != nil || seq != 1 {
+		t.Fatalf("huge: %d %v", seq, err)
+	}
+	if seq, _ := l.Append(Stdout, []byte("small")); seq != 2 {
+		t.Fatalf("next: %d", seq)
+	}
+	l.Append(Exit, []byte(`{}`))
+	rd, _ := l.NewReader(0)
+	recs := readAll(t, rd)
+	if len(recs) != 3 || dropInfo(t, recs[0]) != (DropInfo{1, 5000, 2}) || string(recs[1].Data) != "small" {
+		t.Fatalf("%+v", recs)
 	}
 }
 
@@ -95,6 +277,86 @@ func BenchmarkAppendRead(b *testing.B) {
 	chunk := make([]byte, 32<<10)
 	rd, _ := l.NewReader(0)
 	b.SetBytes(int64(len(chunk)))
+	for i := 0; i < b.N; i++ {
+		l.Append(Stdout, chunk)
+		if _, err := rd.Next(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestConcurrentDrop: readers racing a writer that drops all the time see
+// every event at most once, in order, each either intact or replaced by a
+// marker, never a half-dropped record.
+func TestConcurrentDrop(t *testing.T) {
+	l, _ := Create(filepath.Join(t.TempDir(), "log"), 64*(512+EventOverhead))
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make(chan error, 4)
+	for r := 0; r < 4; r++ {
+		go func() {
+			rd, _ := l.NewReader(0)
+			next := uint64(1)
+			for {
+				rec, err := rd.Next(ctx)
+				if errors.Is(err, io.EOF) {
+					errs <- nil
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				switch rec.Type {
+				case Dropped:
+					var d DropInfo
+					json.Unmarshal(rec.Data, &d)
+					if d.FirstSeq < next || rec.Seq != d.FirstSeq-1 {
+						errs <- fmt.Errorf("marker %+v at %d, expecting %d", d, rec.Seq, next)
+						return
+					}
+					next = d.FirstSeq
+				case Stdout:
+					want := bytes.Repeat([]byte{byte(rec.Seq)}, 512)
+					if rec.Seq != next || !bytes.Equal(rec.Data, want) {
+						errs <- fmt.Errorf("record %d (want %d) corrupt", rec.Seq, next)
+						return
+					}
+					next++
+				case Exit:
+					if rec.Seq != next {
+						errs <- fmt.Errorf("exit %d, want %d", rec.Seq, next)
+						return
+					}
+					next++
+				}
+			}
+		}()
+	}
+	for i := 1; i <= 20000; i++ {
+		l.Append(Stdout, bytes.Repeat([]byte{byte(i)}, 512))
+	}
+	l.Append(Exit, []byte(`{}`))
+	for r := 0; r < 4; r++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAppendDropping is BenchmarkAppendRead past a full 8 MiB
+// budget: every append drops the oldest event and punches its hole.
+func BenchmarkAppendDropping(b *testing.B) {
+	l, _ := Create(filepath.Join(b.TempDir(), "log"), 8<<20)
+	defer l.Close()
+	chunk := make([]byte, 32<<10)
+	for l.Dropped().DroppedEvents == 0 {
+		l.Append(Stdout, chunk)
+	}
+	rd, _ := l.NewReader(l.LastSeq())
+	b.SetBytes(int64(len(chunk)))
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		l.Append(Stdout, chunk)
 		if _, err := rd.Next(context.Background()); err != nil {

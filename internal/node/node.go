@@ -35,13 +35,22 @@ import (
 // starts replacing the claimed sandbox.
 const refillDelay = 20 * time.Millisecond
 
+// Bounds of a sandbox's kept command output (Options.MaxLogBytes).
+const (
+	DefaultMaxLogBytes = 64 << 20
+	MinMaxLogBytes     = 4 << 20
+)
+
 // Options configure a node.
 type Options struct {
 	Driver    driver.Driver
 	Templates *template.Manager
 	// LogDir holds per-command output logs: LogDir/<sandbox>/<command>.log.
 	LogDir string
-	// MaxLogBytes bounds each command's recorded output (default 1 GiB).
+	// MaxLogBytes bounds the command output a sandbox keeps on the host,
+	// all its commands together (default 64 MiB): past it the oldest
+	// output is dropped and readers from there get a "dropped" marker
+	// (execlog.Budget).
 	MaxLogBytes int64
 	// MaxCommands bounds the commands a sandbox may have recorded at once.
 	MaxCommands int
@@ -50,6 +59,9 @@ type Options struct {
 	WarmPool      int
 	WarmTemplates []string
 	DefaultLimits driver.Limits
+	// MaxDiskBytes, if set, is the largest disk limit this node gives a
+	// sandbox (space node --max-disk-bytes); a larger one is refused.
+	MaxDiskBytes int64
 	// Network, if set, is the egress gateway of this node's sandboxes (the
 	// driver must set their networks up through it); nil = no network.
 	Network *egress.Network
@@ -90,8 +102,10 @@ type Node struct {
 // New returns a node. Call Close to stop its background work.
 func New(o Options) (*Node, error) {
 	if o.MaxLogBytes <= 0 {
-		o.MaxLogBytes = 1 << 30
+		o.MaxLogBytes = DefaultMaxLogBytes
 	}
+	// An agent event may carry up to 1 MiB: the bound must hold a few.
+	o.MaxLogBytes = max(o.MaxLogBytes, MinMaxLogBytes)
 	if o.MaxCommands <= 0 {
 		o.MaxCommands = 1024
 	}
@@ -206,7 +220,7 @@ func (n *Node) PoolSize(template string) int {
 }
 
 func driverLimits(l core.Limits) driver.Limits {
-	return driver.Limits{MemoryBytes: l.MemoryBytes, CPUMillis: l.CPUMillis, Pids: l.Pids}
+	return driver.Limits{MemoryBytes: l.MemoryBytes, CPUMillis: l.CPUMillis, Pids: l.Pids, DiskBytes: l.DiskBytes}
 }
 
 // HasTemplate implements core.Runtime.
@@ -235,12 +249,17 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 		source = "restore"
 	}
 	defer func() { n.observer().SandboxStarted(n.o.Driver.Name(), source, time.Since(t0), err) }()
+	if mx := n.o.MaxDiskBytes; mx > 0 && sb.Limits.DiskBytes > mx {
+		return core.Placement{}, fmt.Errorf("disk_bytes %d above this node's maximum %d: %w", sb.Limits.DiskBytes, mx, core.ErrInvalid)
+	}
 	tpl, err := n.o.Templates.Get(sb.TemplateKey())
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("template %q: %w", sb.Template, core.ErrNotFound)
 	}
 	var inst driver.Instance
-	if initLayer == nil {
+	// Warm sandboxes have the default disk, whose size is fixed: another
+	// disk limit needs a sandbox of its own.
+	if initLayer == nil && sb.Limits.DiskBytes == n.o.DefaultLimits.DiskBytes {
 		inst = n.claim(sb.TemplateKey())
 		if n.isWarmTemplate(sb.TemplateKey()) {
 			n.observer().WarmPoolClaim(sb.TemplateKey(), inst != nil)
@@ -545,6 +564,7 @@ type Sandbox struct {
 	inst   driver.Instance
 	logDir string
 	node   *Node
+	logs   *execlog.Budget // bounds what its commands' logs keep
 
 	mu   sync.Mutex
 	cmds map[string]*Command
@@ -559,7 +579,7 @@ type Sandbox struct {
 
 func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbox {
 	s := &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{},
-		Agent: client.New(inst.Dial)}
+		Agent: client.New(inst.Dial), logs: execlog.NewBudget(n.o.MaxLogBytes)}
 	s.lastActive.Store(time.Now().UnixNano())
 	return s
 }
@@ -652,7 +672,7 @@ func (s *Sandbox) follow(info agent.ProcessInfo) error {
 	if !validCmdID(info.ID) {
 		return fmt.Errorf("agent returned a bad command id %.32q", info.ID)
 	}
-	l, err := execlog.Create(filepath.Join(s.logDir, info.ID+".log"), s.node.o.MaxLogBytes)
+	l, err := s.logs.Create(filepath.Join(s.logDir, info.ID+".log"))
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/dataplane"
-	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -271,6 +270,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		logRanges(cfg.Logf, p.net)
 		p.ranges = egressRanges(p.net)
 	}
+	if cfg, err = withDisks(cfg); err != nil {
+		return nil, err
+	}
 	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err
@@ -293,8 +295,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.node, err = node.New(node.Options{
 		Driver: drv, Templates: p.tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates, SnapshotShared: sharedSnaps,
-		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		DefaultLimits: driverDefaults(cfg), MaxLogBytes: cfg.MaxOutputBytes, MaxDiskBytes: cfg.MaxLimits.DiskBytes,
 		Network: p.net,
 		// The service is made below; sandboxes only die after StartNode returns.
 		OnLost:   func(id, reason string) { p.svc.MarkLost(context.Background(), id, reason) },

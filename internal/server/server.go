@@ -5,6 +5,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -25,6 +26,7 @@ import (
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/dataplane"
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/firecracker"
 	"github.com/space-sandbox/space/internal/driver/gvisor"
@@ -105,6 +107,13 @@ type Config struct {
 	// Metrics: Prometheus metrics (GET /metrics for admin keys, and the
 	// operator listener); see metrics.go.
 	Metrics MetricsConfig
+	// MaxOutputBytes bounds the command output each sandbox keeps on the
+	// host, its commands together (0: node.DefaultMaxLogBytes); past it
+	// the oldest output is dropped with a "dropped" marker.
+	MaxOutputBytes int64
+	// disks makes the sandboxes' disk images where disk limits are on
+	// (withDisks).
+	disks *diskquota.Manager
 }
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
@@ -253,16 +262,16 @@ func newNamespace(cfg Config, logf func(string, ...any), network *egress.Network
 		hook = network.Setup
 	}
 	d, err := namespace.New(namespace.Options{
-		CgroupBase: cgroupBase(cfg.DataDir),
-		StateDir:   filepath.Join(cfg.DataDir, "sandboxes"),
-		RunDir:     cfg.RunDir,
-		AgentPath:  cfg.AgentPath,
-		UIDBase:    cfg.UIDBase,
-		UIDCount:   65536,
-		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
-		Network: hook,
-		Logf:    logf,
+		CgroupBase:    cgroupBase(cfg.DataDir),
+		StateDir:      filepath.Join(cfg.DataDir, "sandboxes"),
+		RunDir:        cfg.RunDir,
+		AgentPath:     cfg.AgentPath,
+		UIDBase:       cfg.UIDBase,
+		UIDCount:      65536,
+		DefaultLimits: driverDefaults(cfg),
+		Disks:         cfg.disks,
+		Network:       hook,
+		Logf:          logf,
 	})
 	if err != nil || network == nil {
 		return d, err
@@ -319,16 +328,16 @@ func newGvisor(cfg Config, logf func(string, ...any), network *egress.Network, s
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opts := gvisor.Options{
-		Runsc:      cfg.Runsc,
-		CgroupBase: cgroupBase(cfg.DataDir) + "-gvisor",
-		StateDir:   filepath.Join(cfg.DataDir, "gvisor"),
-		RunDir:     filepath.Join(cfg.RunDir, "gvisor"),
-		AgentPath:  cfg.AgentPath,
-		UIDBase:    cfg.UIDBase,
-		UIDCount:   65536,
-		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
-		Logf: logf,
+		Runsc:         cfg.Runsc,
+		CgroupBase:    cgroupBase(cfg.DataDir) + "-gvisor",
+		StateDir:      filepath.Join(cfg.DataDir, "gvisor"),
+		RunDir:        filepath.Join(cfg.RunDir, "gvisor"),
+		AgentPath:     cfg.AgentPath,
+		UIDBase:       cfg.UIDBase,
+		UIDCount:      65536,
+		DefaultLimits: driverDefaults(cfg),
+		Disks:         cfg.disks,
+		Logf:          logf,
 	}
 	if network != nil {
 		opts.Network = network.SetupPath
@@ -455,6 +464,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		logRanges(cfg.Logf, s.net)
 	}
+	if cfg, err = withDisks(cfg); err != nil {
+		return nil, err
+	}
 	drv, driverReason, err := pickDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
@@ -472,7 +484,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: s.store,
 		started: map[string]string{}, logDir: filepath.Join(cfg.DataDir, "template-builds"), readyTimeout: cfg.TemplateReadyTimeout,
 		runner: &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids}}}
+			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids,
+			// A build step's layer may grow to the largest disk a sandbox may have.
+			DiskBytes: cmp.Or(cfg.MaxLimits.DiskBytes, cfg.DefaultLimits.DiskBytes)}}}
 	sharedSnaps, err := openSnapshotStore(ctx, cfg.SnapshotStore, cfg.Logf)
 	if err != nil {
 		return nil, err
@@ -480,8 +494,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.node, err = node.New(node.Options{
 		Driver: drv, Templates: tm, LogDir: filepath.Join(cfg.DataDir, "logs"),
 		WarmPool: cfg.WarmPool, WarmTemplates: cfg.WarmTemplates, SnapshotShared: sharedSnaps,
-		DefaultLimits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids},
+		DefaultLimits: driverDefaults(cfg), MaxLogBytes: cfg.MaxOutputBytes, MaxDiskBytes: cfg.MaxLimits.DiskBytes,
 		Network: s.net,
 		// The service is made below; sandboxes only die after Start returns.
 		OnLost:   func(id, reason string) { s.svc.MarkLost(context.Background(), id, reason) },

@@ -104,8 +104,9 @@ func (c *SandboxConn) ListCommands(ctx context.Context) ([]Command, error) {
 }
 
 // Stream follows a command's output after sequence number afterSeq (0: from
-// the start), calling fn for each stdout/stderr chunk in order, and returns
-// how the command exited. A dropped or silent connection is resumed with
+// the start), calling fn for each stdout/stderr chunk in order (and an
+// EventDropped event where the server no longer kept some of it), and
+// returns how the command exited. A dropped or silent connection is resumed with
 // Last-Event-ID, a bounded number of times in a row, so no chunk is lost or
 // delivered twice. An error from fn ends the stream with that error.
 func (c *SandboxConn) Stream(ctx context.Context, cmdID string, afterSeq uint64, fn func(Event) error) (Exit, error) {
@@ -137,6 +138,13 @@ func (c *SandboxConn) Stream(ctx context.Context, cmdID string, afterSeq uint64,
 			last = seq
 			if fn != nil {
 				if err := fn(Event{Seq: seq, Type: ev.Type, Data: buf[:n]}); err != nil {
+					return false, err
+				}
+			}
+		case EventDropped:
+			last = seq
+			if fn != nil {
+				if err := fn(Event{Seq: seq, Type: ev.Type, Data: ev.Data}); err != nil {
 					return false, err
 				}
 			}
@@ -189,8 +197,11 @@ func (c *SandboxConn) Run(ctx context.Context, req ExecRequest, stdout, stderr i
 	}
 	return c.Stream(ctx, cmd.ID, 0, func(ev Event) error {
 		w := stdout
-		if ev.Type == EventStderr {
+		switch ev.Type {
+		case EventStderr:
 			w = stderr
+		case EventDropped:
+			return nil // output the server no longer kept
 		}
 		if w == nil {
 			return nil

@@ -30,6 +30,9 @@ type Limits struct {
 	CPUMillis   int64 `json:"cpu_millis,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Pids        int64 `json:"pids,omitempty"`
+	// DiskBytes is the size of the sandbox's writable layer (writes past
+	// it fail with ENOSPC inside); zero: the server's default.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // CreateRequest asks for a new sandbox.
@@ -272,14 +275,26 @@ const (
 	EventStdout = "stdout"
 	EventStderr = "stderr"
 	EventExit   = "exit"
+	// EventDropped stands for output the sandbox's bound on kept output
+	// dropped before it was read; Data is a JSON Dropped.
+	EventDropped = "dropped"
 )
 
 // Event is one output chunk of a command. Data is decoded and owned by the
 // callee only for the duration of the callback.
 type Event struct {
 	Seq  uint64
-	Type string // EventStdout or EventStderr
+	Type string // EventStdout, EventStderr or EventDropped
 	Data []byte
+}
+
+// Dropped is the payload of an EventDropped event: the command's output
+// log no longer keeps events 1..DroppedEvents (DroppedBytes of output);
+// the next event is FirstSeq.
+type Dropped struct {
+	DroppedEvents uint64 `json:"dropped_events"`
+	DroppedBytes  int64  `json:"dropped_bytes"`
+	FirstSeq      uint64 `json:"first_seq"`
 }
 
 // FileInfo describes one file in a sandbox.

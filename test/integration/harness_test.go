@@ -13,11 +13,13 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/space-sandbox/space/test/testenv"
+	"golang.org/x/sys/unix"
 )
 
 // env is one running server and what tests need to talk to it.
@@ -90,6 +92,47 @@ func setup() (*env, error) {
 }
 
 func wantBase() bool { return os.Getenv("SPACE_TEST_BASE") == "1" }
+
+// extraServer starts another `space server` with driver drv and the extra
+// flags args, a key for project p1 and the minimal template; it is stopped
+// and removed when the calling test ends.
+func extraServer(t *testing.T, prefix, drv string, args ...string) *env {
+	t.Helper()
+	srv, err := testenv.New(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Driver = drv
+	srv.Args = append([]string{"--builtins", "minimal"}, args...)
+	if p := os.Getenv("SPACE_RUNSC"); p != "" && drv == "gvisor" {
+		srv.Args = append(srv.Args, "--runsc", p)
+	}
+	e := &env{Server: srv, baseline: map[string]bool{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("---- %s server log (tail) ----\n%s", drv, srv.LogTail(8000))
+		}
+		srv.Stop()
+		// What a failed test left mounted below the data dir (a
+		// sandbox's disk) goes first: removing the dir would walk into it.
+		for _, l := range e.leaks() {
+			if f := strings.Fields(strings.TrimPrefix(l, "mount: ")); strings.HasPrefix(l, "mount: ") && len(f) > 4 {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+		srv.Remove()
+	})
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if e.key, err = srv.CreateKey("p1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.waitTemplate("minimal", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
 
 func (e *env) waitTemplate(name string, d time.Duration) error {
 	return e.WaitTemplate(e.key, name, d)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/driver/gvisor"
-	"github.com/space-sandbox/space/test/testenv"
 )
 
 // gvisorEnv starts a second `space server`, with --driver gvisor, for the
@@ -24,33 +23,7 @@ func gvisorEnv(t *testing.T) *env {
 	if _, err := gvisor.FindRunsc(os.Getenv("SPACE_RUNSC")); err != nil {
 		t.Skipf("gvisor driver unavailable: %v", err)
 	}
-	srv, err := testenv.New("space-itgv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Driver = gvisor.Name
-	srv.Args = []string{"--builtins", "minimal"}
-	if p := os.Getenv("SPACE_RUNSC"); p != "" {
-		srv.Args = append(srv.Args, "--runsc", p)
-	}
-	e := &env{Server: srv, baseline: map[string]bool{}}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("---- gvisor server log (tail) ----\n%s", srv.LogTail(8000))
-		}
-		srv.Stop()
-		srv.Remove()
-	})
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if e.key, err = srv.CreateKey("p1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.waitTemplate("minimal", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return extraServer(t, "space-itgv-", gvisor.Name)
 }
 
 // TestIsolationGvisor runs the isolation probe and the process, file,

@@ -48,6 +48,9 @@ type Env struct {
 	// cases against them, in order (see runShared), instead of one or two
 	// sandboxes per case.
 	ExpensiveCreate bool
+	// DiskLimits is set where Open's drivers enforce Limits.DiskBytes:
+	// Run then adds the DiskLimit case.
+	DiskLimits bool
 }
 
 // Run runs the conformance suite as subtests of t.
@@ -72,6 +75,66 @@ func Run(t *testing.T, env Env) {
 		d := env.Open(t, dir)
 		checkpointRestore(t, env, d, dir, create(t, env, d, "conf-ck", driver.Limits{}), "conf-ck-re")
 	})
+	if env.DiskLimits {
+		t.Run("DiskLimit", func(t *testing.T) { testDiskLimit(t, env) })
+	}
+}
+
+// testDiskLimit: a sandbox with a 32 MiB disk cannot write 64 MiB (ENOSPC
+// inside), can write again once it deletes, keeps its disk across a
+// restart of the driver, refuses another disk size in SetLimits, and does
+// not stop another sandbox from writing.
+func testDiskLimit(t *testing.T, env Env) {
+	dir := t.TempDir()
+	d := env.Open(t, dir)
+	inst := create(t, env, d, "conf-dlim", driver.Limits{DiskBytes: 32 << 20})
+	other := create(t, env, d, "conf-dother", driver.Limits{DiskBytes: 64 << 20})
+	// /root is on the writable layer (/tmp may be a tmpfs).
+	out, exit, err := Sh(testCtx(t), inst, "dd if=/dev/zero of=/root/big bs=1M count=64 2>&1; sync; ls -l /root/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("64 MiB into a 32 MiB disk: exit %+v\n%s", exit, out)
+	if !strings.Contains(out, "No space left on device") {
+		t.Fatalf("no ENOSPC writing 64 MiB into a 32 MiB disk: exit %+v\n%s", exit, out)
+	}
+	var size int64
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasSuffix(line, "/root/big") {
+			fmt.Sscan(f[4], &size)
+		}
+	}
+	if size > 32<<20 || size < 16<<20 {
+		t.Errorf("the sandbox wrote %d bytes into a 32 MiB disk", size)
+	}
+	// The other sandbox writes, the full one works and writes again once
+	// it deleted.
+	MustSh(t, other, "dd if=/dev/zero of=/root/f bs=1M count=40 2>/dev/null && sync")
+	MustSh(t, inst, "rm /root/big && dd if=/dev/zero of=/root/again bs=1M count=8 2>/dev/null && echo kept > /root/mark && sync")
+	if err := inst.SetLimits(testCtx(t), driver.Limits{DiskBytes: 32 << 20}); err != nil {
+		t.Errorf("SetLimits with the same disk size: %v", err)
+	}
+	if err := inst.SetLimits(testCtx(t), driver.Limits{DiskBytes: 64 << 20}); !errors.Is(err, driver.ErrUnsupported) {
+		t.Errorf("SetLimits with another disk size: %v, want ErrUnsupported", err)
+	}
+	// A restarted driver re-adopts the sandbox with its disk and limit.
+	d2 := env.Open(t, dir)
+	re, err := d2.Attach(testCtx(t), "conf-dlim")
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if got := MustSh(t, re, "cat /root/mark"); got != "kept" {
+		t.Errorf("after attach: %q", got)
+	}
+	if out, _, _ := Sh(testCtx(t), re, "dd if=/dev/zero of=/root/big bs=1M count=64 2>&1"); !strings.Contains(out, "No space left on device") {
+		t.Errorf("after attach, 64 MiB fit into the 32 MiB disk: %s", out)
+	}
+	for _, x := range []driver.Instance{re, other} {
+		if err := x.Destroy(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		assertGone(t, env, dir, x.ID())
+	}
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -8,6 +8,8 @@
 //	                              with Options.Network only
 //	<StateDir>/<id>/upper, work   the writable layer (host overlayfs over the
 //	                              template's read-only rootfs)
+//	<StateDir>/<id>/disk.img      with a disk limit: the layer's own ext4 of
+//	                              that size, mounted at disk/ (upper, work in it)
 //	<StateDir>/<id>/merged        the overlay, the container's root
 //	<StateDir>/<id>/config.json   the OCI bundle's spec
 //	<StateDir>/<id>/state.json    what a restarted node needs (Attach)
@@ -33,6 +35,7 @@
 package gvisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +51,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"golang.org/x/sys/unix"
 )
@@ -95,6 +99,10 @@ type Options struct {
 	UIDBase, UIDCount uint32
 	// DefaultLimits fill in zero fields of a spec's limits.
 	DefaultLimits driver.Limits
+	// Disks, if set, gives each sandbox with a disk limit (the spec's or
+	// DefaultLimits') a filesystem of that size for its writable layer;
+	// without it a disk limit fails Create with driver.ErrUnsupported.
+	Disks *diskquota.Manager
 	// CgroupBase is the dir below the node's cgroups that holds sandbox
 	// groups; default "space-gvisor".
 	CgroupBase string
@@ -234,6 +242,22 @@ func (d *Driver) cgroupsPath(id string) string {
 	return d.opts.CgroupBase + "/" + id // relative: below runsc's (the node's) cgroups
 }
 
+// A sandbox's own disk, where it has a disk limit: <id>/disk.img mounted
+// at <id>/disk.
+const (
+	diskImage = "disk.img"
+	diskMount = "disk"
+)
+
+// upperDir is the overlay's upper dir of the sandbox in dir: on its own
+// disk where it has one.
+func upperDir(dir string) string {
+	if _, err := os.Lstat(filepath.Join(dir, diskImage)); err == nil {
+		return filepath.Join(dir, diskMount, "upper")
+	}
+	return filepath.Join(dir, "upper")
+}
+
 // limits resolves zero fields: the spec, then Options.DefaultLimits, then
 // DefaultPids for tasks; memory and CPU stay unlimited.
 func (d *Driver) limits(l driver.Limits) cgroups.Limits {
@@ -328,6 +352,25 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	}
 	undo.push(func() { _ = os.RemoveAll(sdir) })
 	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	// With a disk limit the layer lives on the sandbox's own filesystem
+	// of that size. unmountAll(dir) in the undo below unmounts it.
+	var diskTook time.Duration
+	if size := cmp.Or(spec.Limits.DiskBytes, d.opts.DefaultLimits.DiskBytes); size > 0 {
+		if d.opts.Disks == nil {
+			return nil, fmt.Errorf("gvisor: a disk limit needs disk images (none configured): %w", driver.ErrUnsupported)
+		}
+		td := time.Now()
+		mnt := filepath.Join(dir, diskMount)
+		if err := os.Mkdir(mnt, 0o755); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+		if err := d.opts.Disks.Create(ctx, filepath.Join(dir, diskImage), mnt, size); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+		undo.push(func() { _ = diskquota.Remove(filepath.Join(dir, diskImage), mnt) })
+		upper, work = filepath.Join(mnt, "upper"), filepath.Join(mnt, "work")
+		diskTook = time.Since(td)
+	}
 	for _, p := range []string{upper, work, merged} {
 		if err := os.Mkdir(p, 0o755); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
@@ -353,7 +396,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 		return nil, fmt.Errorf("gvisor: mount overlay: %w", err)
 	}
 	undo.push(func() { _ = unmountAll(dir) })
-	timing.Overlay = time.Since(tov)
+	timing.Overlay = diskTook + time.Since(tov)
 
 	// 3. Network namespace, if any: made and wired before runsc starts, so
 	// the host's rules exist before the sandbox's first instruction. The

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 )
 
@@ -74,6 +75,9 @@ func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
 // The pids limit goes to both the host cgroup (with headroom for runsc's
 // tasks) and the commands' cgroup in the Sentry (pids.go).
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
+	if err := diskquota.CheckSize(filepath.Join(i.dir, diskImage), l.DiskBytes); err != nil {
+		return fmt.Errorf("gvisor: %s: %w: %w", i.id, err, driver.ErrUnsupported)
+	}
 	lim := i.d.limits(l)
 	if err := i.group.SetLimits(hostLimits(lim)); err != nil {
 		return fmt.Errorf("gvisor: %s: %w", i.id, err)
@@ -98,7 +102,7 @@ func (i *Instance) Timing() driver.Timing { return i.timing }
 // WritableLayer implements driver.LayerInstance: the host overlay's upper
 // dir. Read it only while the sandbox is paused.
 func (i *Instance) WritableLayer() (driver.Layer, error) {
-	return driver.Layer{Dir: filepath.Join(i.dir, "upper"), UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount}, nil
+	return driver.Layer{Dir: upperDir(i.dir), UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount}, nil
 }
 
 // Pause implements driver.Pauser (runsc pause). Idempotent.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 )
 
@@ -202,5 +203,6 @@ func leftovers(d *Driver, id string) []string {
 	if _, err := d.r.state(context.Background(), id); err == nil {
 		left = append(left, "runsc still knows "+id)
 	}
+	left = append(left, diskquota.LoopsBacking(d.sandboxDir(id))...)
 	return left
 }

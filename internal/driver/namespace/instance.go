@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 )
 
@@ -53,8 +54,12 @@ func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
 }
 
 // SetLimits implements driver.Instance. Zero fields take the driver's
-// defaults, as at create.
+// defaults, as at create; the disk keeps the size it was made with (another
+// size fails with driver.ErrUnsupported).
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
+	if err := diskquota.CheckSize(filepath.Join(i.d.sandboxDir(i.id), diskImage), l.DiskBytes); err != nil {
+		return fmt.Errorf("namespace: %s: %w: %w", i.id, err, driver.ErrUnsupported)
+	}
 	if err := i.groups[0].SetLimits(i.d.limits(l)); err != nil {
 		return fmt.Errorf("namespace: %s: %w", i.id, err)
 	}
@@ -119,8 +124,14 @@ func (d *Driver) teardown(ctx context.Context, id string, proc *process, groups 
 			errs = append(errs, err)
 		}
 	}
+	// The sandbox's own disk, if any: unmounted (PID 1 is gone, and with
+	// it the sandbox's view of it) before its mount point is removed.
+	dir := filepath.Join(d.opts.StateDir, id)
+	if err := diskquota.Remove(filepath.Join(dir, diskImage), filepath.Join(dir, diskMount)); err != nil {
+		return fmt.Errorf("namespace: destroy %s: %w", id, err)
+	}
 	// upper/ holds files of the sandbox's uids; host root removes them all.
-	if err := os.RemoveAll(filepath.Join(d.opts.StateDir, id)); err != nil {
+	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/sandboxinit"
 	"golang.org/x/sys/unix"
@@ -50,10 +51,18 @@ const (
 
 var defaultAgentArgs = []string{"agent", "--init"}
 
+// A sandbox's own disk, where it has a disk limit: <id>/disk.img mounted
+// at <id>/disk.
+const (
+	diskImage = "disk.img"
+	diskMount = "disk"
+)
+
 // Options configure the driver.
 type Options struct {
 	// StateDir holds one dir per sandbox: upper/, work/, merged/,
-	// state.json and init.log.
+	// state.json and init.log; with a disk limit, disk.img mounted at
+	// disk/, which holds upper/ and work/ instead.
 	StateDir string
 	// RunDir holds the agent sockets, <RunDir>/<id>.sock; keep it short.
 	RunDir string
@@ -67,6 +76,10 @@ type Options struct {
 	UIDBase, UIDCount uint32
 	// DefaultLimits fill in zero fields of a spec's limits.
 	DefaultLimits driver.Limits
+	// Disks, if set, gives each sandbox with a disk limit (the spec's or
+	// DefaultLimits') a filesystem of that size for its writable layer;
+	// without it a disk limit fails Create with driver.ErrUnsupported.
+	Disks *diskquota.Manager
 	// CgroupBase is the dir below the node's cgroups that holds sandbox
 	// groups; default cgroups.DefaultBase ("space").
 	CgroupBase string
@@ -216,6 +229,24 @@ func (d *Driver) Cgroups() *cgroups.Manager { return d.cg }
 func (d *Driver) sandboxDir(id string) string { return filepath.Join(d.opts.StateDir, id) }
 func (d *Driver) sockPath(id string) string   { return filepath.Join(d.opts.RunDir, id+".sock") }
 
+// upperDir is a sandbox's overlay upper dir: on its own disk where it has
+// one.
+func (d *Driver) upperDir(id string) string {
+	dir := d.sandboxDir(id)
+	if _, err := os.Lstat(filepath.Join(dir, diskImage)); err == nil {
+		return filepath.Join(dir, diskMount, "upper")
+	}
+	return filepath.Join(dir, "upper")
+}
+
+// diskBytes is a spec's disk limit, else the default; 0 = none.
+func (d *Driver) diskBytes(l driver.Limits) int64 {
+	if l.DiskBytes > 0 {
+		return l.DiskBytes
+	}
+	return d.opts.DefaultLimits.DiskBytes
+}
+
 // limits resolves zero fields: the spec, then Options.DefaultLimits, then
 // DefaultPids for tasks; memory and CPU stay unlimited.
 func (d *Driver) limits(l driver.Limits) cgroups.Limits {
@@ -304,6 +335,24 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	undo.push(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o711); err != nil { // umask
 		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	// With a disk limit, upper and work live on the sandbox's own
+	// filesystem of that size (still named relative to dir).
+	var diskTook time.Duration
+	if size := d.diskBytes(spec.Limits); size > 0 {
+		if d.opts.Disks == nil {
+			return nil, fmt.Errorf("namespace: a disk limit needs disk images (none configured): %w", driver.ErrUnsupported)
+		}
+		td := time.Now()
+		if err := os.Mkdir(hostPath(diskMount), 0o755); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+		if err := d.opts.Disks.Create(ctx, hostPath(diskImage), hostPath(diskMount), size); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+		undo.push(func() { _ = diskquota.Remove(hostPath(diskImage), hostPath(diskMount)) })
+		cfg.Upper, cfg.Work = diskMount+"/upper", diskMount+"/work"
+		diskTook = time.Since(td)
 	}
 	for _, p := range []string{cfg.Upper, cfg.Work, cfg.Merged} {
 		if err := os.Mkdir(hostPath(p), 0o755); err != nil {
@@ -515,7 +564,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		}
 		return nil, fmt.Errorf("namespace: sandbox %s: %w%s", id, err, logTail(filepath.Join(dir, "init.log")))
 	}
-	timing.Overlay = it.Mounts + it.Pivot
+	timing.Overlay = diskTook + it.Mounts + it.Pivot
 	timing.Network += it.Network
 
 	inst := &Instance{

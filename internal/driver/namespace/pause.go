@@ -3,7 +3,6 @@ package namespace
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 
 	"github.com/space-sandbox/space/internal/driver"
 )
@@ -33,7 +32,7 @@ func (i *Instance) Resume(ctx context.Context) error {
 // WritableLayer implements driver.LayerInstance: the overlay upper dir.
 func (i *Instance) WritableLayer() (driver.Layer, error) {
 	return driver.Layer{
-		Dir:     filepath.Join(i.d.sandboxDir(i.id), "upper"),
+		Dir:     i.d.upperDir(i.id),
 		UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount,
 	}, nil
 }

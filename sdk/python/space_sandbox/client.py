@@ -70,7 +70,7 @@ class Client:
                        network=None, wait=True, wait_timeout=600.0, idempotency_key=None):
         """Create a sandbox and (by default) wait until it runs; return its Sandbox handle.
 
-        limits: {"cpu_millis", "memory_bytes", "pids"}. timeout_seconds: delete
+        limits: {"cpu_millis", "memory_bytes", "pids", "disk_bytes"}. timeout_seconds: delete
         it this long after creation (0: never; None: the server default).
         An Idempotency-Key is always sent (generated when not given), so a
         retried create never makes two sandboxes."""
@@ -547,8 +547,10 @@ class OutputStream:
         seq = int(e.id) if e.id.isdigit() else 0
         if e.type in ("stdout", "stderr"):
             return OutputEvent(seq, e.type, base64.b64decode(e.data))
-        if e.type == "exit":
-            return OutputEvent(seq, "exit", json.loads(e.data) if e.data else {})
+        if e.type in ("exit", "dropped"):
+            # dropped: output the server's bound no longer kept
+            # ({"dropped_events", "dropped_bytes", "first_seq"}).
+            return OutputEvent(seq, e.type, json.loads(e.data) if e.data else {})
         return None
 
 

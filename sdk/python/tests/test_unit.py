@@ -21,6 +21,14 @@ class SSETest(unittest.TestCase):
         self.assertEqual(list(sse.parse(raw)), [])
 
 
+class DecodeTest(unittest.TestCase):
+    def test_dropped_marker(self):
+        from space_sandbox.client import OutputStream
+        ev = OutputStream._decode(sse.Event("90", "dropped", '{"dropped_events":90,"dropped_bytes":360000,"first_seq":91}'))
+        self.assertEqual((ev.seq, ev.type, ev.data["first_seq"]), (90, "dropped", 91))
+        self.assertIsNone(OutputStream._decode(sse.Event("5", "future", "x")))
+
+
 class ErrorsTest(unittest.TestCase):
     def test_mapping(self):
         cases = [(404, "not_found", space.NotFound), (401, "token_expired", space.TokenExpired),
