@@ -139,6 +139,34 @@ func BlankDisk(ctx context.Context, out string, size int64) error {
 	return mkfs(ctx, out, size, "", "space-upper")
 }
 
+// WritableSize is the size of a sandbox's writable disk: its disk limit
+// diskBytes in whole MiB (at least 16 MiB), else def. The guest's
+// filesystem answers ENOSPC past it; the sparse file on the host never
+// grows beyond it.
+func WritableSize(diskBytes, def int64) int64 {
+	if diskBytes > 0 {
+		return max((diskBytes+1<<20-1)&^(1<<20-1), 16<<20)
+	}
+	return def
+}
+
+// CheckWritableSize reports whether the writable disk at path has the
+// size a disk limit asks for (0: any will do): the size is fixed at
+// create, a running guest's filesystem does not change size.
+func CheckWritableSize(path string, diskBytes int64) error {
+	if diskBytes <= 0 {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("vmimage: %w", err)
+	}
+	if want := WritableSize(diskBytes, 0); fi.Size() != want {
+		return fmt.Errorf("vmimage: the writable disk has %d bytes, asked %d: its size is fixed at create", fi.Size(), want)
+	}
+	return nil
+}
+
 func mkfs(ctx context.Context, out string, size int64, dir, label string) error {
 	tmp := out + ".tmp"
 	defer os.Remove(tmp)

@@ -313,7 +313,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, err
 	}
 	upper := filepath.Join(dir, "upper.ext4")
-	if err := vmimage.BlankDisk(ctx, upper, upperSize(spec.Limits, d.opts.UpperSize)); err != nil {
+	if err := vmimage.BlankDisk(ctx, upper, vmimage.WritableSize(spec.Limits.DiskBytes, d.opts.UpperSize)); err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}
 	tDisk := time.Now()
@@ -485,14 +485,4 @@ func procStat(pid int) (start uint64, zombie bool, err error) {
 	}
 	start, err = strconv.ParseUint(f[19], 10, 64)
 	return start, f[0] == "Z", err
-}
-
-// upperSize is the size of a new sandbox's writable disk: its disk limit
-// (whole MiB), else the driver's UpperSize. The guest's filesystem answers
-// ENOSPC past it; the sparse file on the host never grows beyond it.
-func upperSize(l driver.Limits, def int64) int64 {
-	if l.DiskBytes > 0 {
-		return max((l.DiskBytes+1<<20-1)&^(1<<20-1), 16<<20)
-	}
-	return def
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/vmimage"
 )
 
 // Instance is one running Firecracker VM.
@@ -121,6 +123,9 @@ func (i *Instance) waitReady(ctx context.Context) error {
 // SetLimits implements driver.Instance. Memory and vCPUs are fixed at
 // boot (a balloon device could shrink memory; not wired yet).
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
+	if err := vmimage.CheckWritableSize(filepath.Join(i.d.sandboxDir(i.id), "upper.ext4"), l.DiskBytes); err != nil {
+		return fmt.Errorf("%s: %w: %w", i.d.Name(), err, driver.ErrUnsupported)
+	}
 	mem, cpus := i.d.vmSize(l)
 	if (l.MemoryBytes > 0 && mem != i.st.MemoryMiB) || (l.CPUMillis > 0 && cpus != i.st.CPUs) {
 		return fmt.Errorf("firecracker: resizing a running VM (%d MiB, %d vCPU): %w", i.st.MemoryMiB, i.st.CPUs, driver.ErrUnsupported)

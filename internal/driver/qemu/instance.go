@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
+	"github.com/space-sandbox/space/internal/vmimage"
 )
 
 // Instance is one running VM.
@@ -212,6 +214,9 @@ func (i *Instance) release(s *vmux.Session) {
 func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
 	i.limMu.Lock()
 	defer i.limMu.Unlock()
+	if err := vmimage.CheckWritableSize(filepath.Join(i.d.sandboxDir(i.id), "upper.ext4"), l.DiskBytes); err != nil {
+		return fmt.Errorf("%s: %w: %w", i.d.Name(), err, driver.ErrUnsupported)
+	}
 	target := i.st.MemoryMiB
 	if l.MemoryBytes > 0 {
 		target, _ = i.d.vmSize(l)

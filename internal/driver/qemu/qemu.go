@@ -375,7 +375,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if err != nil {
 		return nil, err
 	}
-	if err := vmimage.BlankDisk(ctx, filepath.Join(dir, "upper.ext4"), upperSize(spec.Limits, d.opts.UpperSize)); err != nil {
+	if err := vmimage.BlankDisk(ctx, filepath.Join(dir, "upper.ext4"), vmimage.WritableSize(spec.Limits.DiskBytes, d.opts.UpperSize)); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
 	tDisk := time.Now()
@@ -782,14 +782,4 @@ func health(ctx context.Context, inst driver.Instance) error {
 	c := client.New(inst.Dial)
 	defer c.Close()
 	return c.Health(ctx)
-}
-
-// upperSize is the size of a new sandbox's writable disk: its disk limit
-// (whole MiB), else the driver's UpperSize. The guest's filesystem answers
-// ENOSPC past it; the sparse file on the host never grows beyond it.
-func upperSize(l driver.Limits, def int64) int64 {
-	if l.DiskBytes > 0 {
-		return max((l.DiskBytes+1<<20-1)&^(1<<20-1), 16<<20)
-	}
-	return def
 }
