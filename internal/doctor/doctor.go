@@ -112,7 +112,12 @@ func Probe(ctx context.Context, o Options) Report {
 	ok, detail = charDevice("/dev/fuse")
 	add("fuse", "nothing yet (FUSE inside sandboxes is not offered)", ok, detail)
 	ok, detail = diskQuota(ctx, o.DataDir)
-	add("disk_quota", "per-sandbox writable-layer limits on the data dir", ok, detail)
+	if !ok {
+		// Disk limits do not need them: each limited sandbox gets its own
+		// ext4 image (the loop_devices check).
+		detail += "; disk limits use an ext4 image per sandbox instead (loop_devices)"
+	}
+	add("disk_quota", "project quotas on the data dir (informational: disk limits use loop_devices)", ok, detail)
 	ok, detail = loopDevices()
 	add("loop_devices", "an ext4 image per sandbox (a disk limit without project quotas); VM drivers' disks", ok, detail)
 	ok, detail = binary(ctx, "mmdebstrap", "--version")
