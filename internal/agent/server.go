@@ -236,6 +236,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		default:
 			writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method not allowed")
 		}
+	case p == "/v1/metrics":
+		s.method(w, r, http.MethodGet, s.handleMetrics)
 	case p == "/v1/files/list":
 		s.method(w, r, http.MethodGet, s.handleListDir)
 	case p == "/v1/files/stat":

@@ -108,6 +108,7 @@ var routes = []route{
 	{"POST", "/v1/sandboxes/{id}/session", false, (*Server).newSession},
 	{"PUT", "/v1/sandboxes/{id}/network", false, (*Server).setNetwork},
 	{"GET", "/v1/sandboxes/{id}/network/log", false, (*Server).networkLog},
+	{"GET", "/v1/sandboxes/{id}/metrics", false, (*Server).sandboxMetrics},
 	{"POST", "/v1/sandboxes/{id}/pause", false, (*Server).pauseSandbox},
 	{"POST", "/v1/sandboxes/{id}/hibernate", false, (*Server).hibernateSandbox},
 	{"POST", "/v1/sandboxes/{id}/resume", false, (*Server).resumeSandbox},

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // SandboxPaused is the state of a sandbox whose processes are all frozen.
@@ -54,6 +56,7 @@ type Snapshot struct {
 	ID          string         `json:"id"`
 	ProjectID   string         `json:"project_id"`
 	SandboxID   string         `json:"sandbox_id"`
+	Name        string         `json:"name,omitempty"` // a label (E2B's createSnapshot({name}))
 	ParentID    string         `json:"parent_id,omitempty"`
 	Template    string         `json:"template"`
 	TemplateRef string         `json:"template_ref,omitempty"` // see Sandbox.TemplateRef
@@ -288,6 +291,27 @@ func (s *Service) Resume(ctx context.Context, projectID, id, idemKey string) (Op
 // CreateSnapshot starts the operation that captures a running or paused
 // sandbox's writable layer. A running sandbox is frozen during the capture.
 func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idemKey string) (Snapshot, Operation, error) {
+	return s.CreateNamedSnapshot(ctx, projectID, sandboxID, "", idemKey)
+}
+
+// MaxSnapshotName bounds a snapshot's name.
+const MaxSnapshotName = 128
+
+// printable reports whether s is valid UTF-8 without control characters.
+func printable(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// CreateNamedSnapshot is CreateSnapshot with a name stored on the snapshot.
+func (s *Service) CreateNamedSnapshot(ctx context.Context, projectID, sandboxID, name, idemKey string) (Snapshot, Operation, error) {
+	if len(name) > MaxSnapshotName || !printable(name) {
+		return Snapshot{}, Operation{}, invalid("snapshot name must be at most %d printable characters", MaxSnapshotName)
+	}
 	sr, err := s.snapshotRuntime()
 	if err != nil {
 		return Snapshot{}, Operation{}, err
@@ -303,11 +327,14 @@ func (s *Service) CreateSnapshot(ctx context.Context, projectID, sandboxID, idem
 		return Snapshot{}, Operation{}, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
 	now := s.opts.Now().UTC()
-	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Template: sb.Template, TemplateRef: sb.TemplateRef,
+	snap := Snapshot{ID: NewID("snap-"), ProjectID: projectID, SandboxID: sandboxID, Name: name, Template: sb.Template, TemplateRef: sb.TemplateRef,
 		State: SnapshotCreating, Kind: SnapshotKindFilesystem, Processes: processesNotCaptured,
 		CreatedAt: now, UpdatedAt: now}
 	op := s.engine.NewOperation(projectID, "snapshot.create", snap.ID)
 	op.Fingerprint = Fingerprint("snapshot.create", sandboxID) // snap.ID is new each time
+	if name != "" {
+		op.Fingerprint = Fingerprint("snapshot.create", sandboxID, name)
+	}
 	stored, created, err := s.store.CreateSnapshotOp(ctx, snap, op, idemKey)
 	if err != nil {
 		return Snapshot{}, Operation{}, err

@@ -8,8 +8,11 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
+
+	"github.com/space-sandbox/space/internal/cgroups"
 )
 
 // Sentinel errors. Callers match with errors.Is; the API edge maps them to HTTP.
@@ -154,4 +157,34 @@ type Checkpointer interface {
 // directory is only read and may be removed once Restore returns.
 type Restorer interface {
 	Restore(ctx context.Context, spec Spec, dir string) (Instance, error)
+}
+
+// Stats is what the host charges a sandbox for, from its cgroup.
+type Stats struct {
+	// CPUUsageNs is the CPU time used since the sandbox started (all its
+	// processes, and runsc's own under gVisor); 0 with CPUUnknown.
+	CPUUsageNs uint64
+	CPUUnknown bool
+	// CPULimitMillis is the CPU bandwidth limit (0: none).
+	CPULimitMillis int64
+	MemUsedBytes   int64 // page cache that could be reclaimed excluded
+	MemLimitBytes  int64 // 0: none
+	MemCacheBytes  int64
+}
+
+// Statser is implemented by instances whose resource use the host can
+// read itself (cgroups). Without it, the node asks the sandbox's agent.
+type Statser interface {
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// CgroupStats is Stats from a sandbox's host cgroup (the container
+// drivers' Statser).
+func CgroupStats(g *cgroups.Group) (Stats, error) {
+	st, err := g.Stats()
+	if err != nil {
+		return Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	return Stats{CPUUsageNs: st.CPUUsageNs, CPUUnknown: !st.CPUKnown, CPULimitMillis: st.CPULimitMillis,
+		MemUsedBytes: st.MemUsedBytes, MemLimitBytes: st.MemLimitBytes, MemCacheBytes: st.MemCacheBytes}, nil
 }

@@ -44,6 +44,9 @@ type EnvdOptions struct {
 	// Wake, if set, resumes a paused or hibernated sandbox created with
 	// autoResume (core.Service.AutoResume); it reports whether it did.
 	Wake func(ctx context.Context, projectID, id string) (bool, error)
+	// SessionTTL is the E2B API's (APIOptions.SessionTTL): signed file URLs
+	// are checked against the stable tokens it issues. Default 24h.
+	SessionTTL time.Duration
 }
 
 // Envd serves E2B's envd protocol for every sandbox on one origin, routed by
@@ -60,6 +63,9 @@ type Envd struct {
 func NewEnvd(o EnvdOptions) *Envd {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
+	}
+	if o.SessionTTL <= 0 {
+		o.SessionTTL = 24 * time.Hour
 	}
 	e := &Envd{o: o, rpc: http.NewServeMux(), watchers: map[string]*watcher{}}
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage), connect.WithSendMaxBytes(maxRPCMessage)}
@@ -96,6 +102,8 @@ type call struct {
 	// as the process's lifetime, not as the stream's deadline.
 	startTimeoutMs int64
 	keepalive      time.Duration
+	// signed: authorized by a signed /files URL, whose username is user.
+	signed bool
 }
 
 type callKey struct{}
@@ -157,6 +165,10 @@ func (e *Envd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	tok := r.Header.Get("X-Access-Token")
+	if tok == "" && r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		e.serveSigned(w, r)
+		return
+	}
 	if tok == "" {
 		envdError(w, r, http.StatusUnauthorized, "missing X-Access-Token")
 		return

@@ -47,6 +47,9 @@ func restStatus(err error) (int, string) {
 // sandbox's default user. The agent reads and writes with that user's
 // permissions, and what it creates belongs to that user.
 func fileUser(r *http.Request, c *call) string {
+	if c.signed {
+		return c.user
+	}
 	q := r.URL.Query()
 	if u := q.Get("username"); u != "" {
 		return u

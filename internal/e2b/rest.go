@@ -93,6 +93,10 @@ var restRoutes = []struct {
 	{"POST /sandboxes/{id}/resume", (*API).resume},
 	{"GET /sandboxes/{id}/metrics", (*API).metrics},
 	{"PUT /sandboxes/{id}/network", (*API).updateNetwork},
+	{"POST /sandboxes/{id}/snapshots", (*API).createSnapshot},
+	{"GET /snapshots", (*API).listSnapshots},
+	{"DELETE /templates/{id}", (*API).deleteSnapshot},
+	{"POST /sandboxes/{id}/fork", (*API).fork},
 }
 
 // Routes returns "METHOD pattern" for every E2B control route (for tests).
@@ -365,7 +369,9 @@ func (a *API) listed(sb core.Sandbox) listedSandbox {
 }
 
 func (a *API) sandboxResp(sb core.Sandbox, alias string) sandboxResp {
-	tok, _ := a.o.Sessions.Issue(sb.ProjectID, sb.ID, a.o.SessionTTL)
+	// A stable token: signed file URLs hash it, and envd recomputes it
+	// (auth.Sessions.IssueStable).
+	tok, _ := a.o.Sessions.IssueStable(sb.ProjectID, sb.ID, a.o.SessionTTL)
 	return sandboxResp{SandboxID: sb.ID, TemplateID: sb.Template, Alias: alias, ClientID: clientID,
 		EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
 }
@@ -408,10 +414,19 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 	if err != nil {
 		return err
 	}
-	sb, op, err := a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
-		Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
-		OnTimeout: onTimeout, AutoResume: autoResume, Network: network,
-	}, "")
+	var sb core.Sandbox
+	var op core.Operation
+	if core.ValidSnapshotID(alias) {
+		// A snapshot id as the template (createSnapshot's answer): a fork
+		// of that snapshot, with its files (and processes, where the
+		// driver captured them).
+		sb, op, err = a.createFromSnapshot(r, p, alias, &req, timeout, network, onTimeout != "" || autoResume)
+	} else {
+		sb, op, err = a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
+			Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
+			OnTimeout: onTimeout, AutoResume: autoResume, Network: network,
+		}, "")
+	}
 	if errors.Is(err, core.ErrNotFound) {
 		return errf(http.StatusNotFound, "template %.64q not found", alias)
 	}
@@ -637,15 +652,6 @@ func (a *API) resume(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		return err
 	}
 	writeJSON(w, http.StatusCreated, a.sandboxResp(sb, ""))
-	return nil
-}
-
-func (a *API) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
-	if _, err := a.lookup(r, p); err != nil {
-		return err
-	}
-	// Metrics are not collected yet; an empty list is a valid answer.
-	writeJSON(w, http.StatusOK, []any{})
 	return nil
 }
 

@@ -93,6 +93,7 @@ type Node struct {
 	pool      map[string][]driver.Instance
 	poolWant  chan struct{}
 	snaps     *snapshot.Store
+	metrics   *metricsState
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -131,6 +132,7 @@ func New(o Options) (*Node, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{o: o, sandboxes: map[string]*Sandbox{}, pool: map[string][]driver.Instance{},
 		poolWant: make(chan struct{}, 1), snaps: snaps, ctx: ctx, cancel: cancel}
+	n.startSampler()
 	return n, nil
 }
 
@@ -294,6 +296,7 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 		return core.Placement{}, err
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	h.ProjectID = sb.ProjectID
 	cfg := agent.Config{Env: map[string]string{}, Cwd: tpl.Defaults.Cwd, User: tpl.Defaults.User}
 	for k, v := range tpl.Defaults.Env {
 		cfg.Env[k] = v
@@ -381,6 +384,7 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 		n.o.Logf("sandbox %s: network policy: %v", sb.ID, err)
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	h.ProjectID = sb.ProjectID
 	// A crash may have left it frozen (paused, or mid-snapshot): its agent
 	// must answer below; a paused one is frozen again after.
 	n.thaw(ctx, h)
@@ -569,6 +573,10 @@ type Sandbox struct {
 	mu   sync.Mutex
 	cmds map[string]*Command
 	wg   sync.WaitGroup
+
+	// ProjectID owns the sandbox (E2B signed file URLs are checked
+	// against a token bound to it).
+	ProjectID string
 
 	paused atomic.Bool // frozen: the data plane is refused
 	gone   atomic.Bool // being destroyed: readers stop retrying

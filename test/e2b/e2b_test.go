@@ -6,14 +6,11 @@ package e2btest
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -163,33 +160,11 @@ func (e *env) do(method, url string, hdr map[string]string, body any) (int, map[
 // TestSDK runs test/e2b/sdk.test.mjs with each pinned SDK version.
 func TestSDK(t *testing.T) {
 	e := need(t)
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed; install Node.js 20+ to run the E2B SDK tests")
+	conc := os.Getenv("SPACE_E2B_CONCURRENCY")
+	if conc == "" {
+		conc = "50"
 	}
-	dir := filepath.Join(repoRoot(), "test", "e2b")
-	for _, pkg := range []string{"e2b", "e2b-2.50"} {
-		t.Run(pkg, func(t *testing.T) {
-			if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
-				t.Skipf("npm package %s is not installed; run scripts/e2b-deps.sh", pkg)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", "sdk.test.mjs")
-			cmd.Dir = dir
-			conc := os.Getenv("SPACE_E2B_CONCURRENCY")
-			if conc == "" {
-				conc = "50"
-			}
-			cmd.Env = append(os.Environ(), "E2B_API_URL="+e.Ctrl, "E2B_SANDBOX_URL="+e.Data, "E2B_API_KEY="+e.key,
-				"SPACE_E2B_PKG="+pkg, "SPACE_E2B_TEMPLATE="+e.template, "SPACE_E2B_CONCURRENCY="+conc)
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("node --test (%s): %v\n%s", pkg, err, out)
-			}
-			t.Logf("%s", out)
-		})
-	}
+	runSuite(t, e, "sdk.test.mjs", 3*time.Minute, "SPACE_E2B_CONCURRENCY="+conc)
 }
 
 // createRaw makes a sandbox through the E2B REST API.
@@ -262,7 +237,19 @@ func TestRESTAuthAndBadInput(t *testing.T) {
 		{"POST", "/sandboxes/sbx-0000000000000000/connect", key, `{"timeout":10}`, 404},
 		{"POST", "/sandboxes/sbx-0000000000000000/pause", key, `{}`, 404},
 		{"POST", "/sandboxes/" + id + "/resume", key, `{}`, 409}, // already running
-		{"POST", "/sandboxes/" + id + "/fork", key, `{}`, 501},
+		{"POST", "/sandboxes/" + id + "/fork", key, `{"count":0}`, 400},
+		{"POST", "/sandboxes/" + id + "/fork", key, `{"count":21}`, 400},
+		{"POST", "/sandboxes/" + id + "/fork", key, `{"timeout":-1}`, 400},
+		{"POST", "/sandboxes/sbx-0000000000000000/fork", key, `{}`, 404},
+		{"POST", "/sandboxes/" + id + "/snapshots", key, `{"name":7}`, 400},
+		{"POST", "/sandboxes/sbx-0000000000000000/snapshots", key, `{}`, 404},
+		{"GET", "/snapshots?limit=0", key, nil, 400},
+		{"GET", "/snapshots?nextToken=%27", key, nil, 400},
+		{"DELETE", "/templates/snap-0000000000000000", key, nil, 404},
+		{"DELETE", "/templates/base", key, nil, 404},
+		{"GET", "/sandboxes/" + id + "/metrics?start=abc", key, nil, 400},
+		{"GET", "/sandboxes/" + id + "/metrics?end=-1", key, nil, 400},
+		{"GET", "/v3/templates", key, nil, 501},
 	}
 	for _, c := range cases {
 		st, m, err := e.do(c.method, e.Ctrl+c.path, c.hdr, c.body)

@@ -523,6 +523,9 @@ func routeCases() map[string]func(*testing.T, *world) {
 		"control GET /v1/sandboxes/{id}/network/log": func(t *testing.T, w *world) {
 			w.refused(t, "GET", sbx(w)+"/network/log", nil, 404)
 		},
+		"control GET /v1/sandboxes/{id}/metrics": func(t *testing.T, w *world) {
+			w.refused(t, "GET", sbx(w)+"/metrics", nil, 404)
+		},
 		"control POST /v1/sandboxes/{id}/pause":     func(t *testing.T, w *world) { w.refused(t, "POST", sbx(w)+"/pause", nil, 404) },
 		"control POST /v1/sandboxes/{id}/hibernate": func(t *testing.T, w *world) { w.refused(t, "POST", sbx(w)+"/hibernate", nil, 404) },
 		"control POST /v1/sandboxes/{id}/resume":    func(t *testing.T, w *world) { w.refused(t, "POST", sbx(w)+"/resume", nil, 404) },
@@ -669,6 +672,19 @@ func routeCases() map[string]func(*testing.T, *world) {
 		"e2b GET /sandboxes/{id}/metrics": func(t *testing.T, w *world) { w.e2bRefused(t, "GET", "/sandboxes/"+w.sbA.ID+"/metrics", nil) },
 		"e2b PUT /sandboxes/{id}/network": func(t *testing.T, w *world) {
 			w.e2bRefused(t, "PUT", "/sandboxes/"+w.sbA.ID+"/network", map[string]any{"allow_internet_access": false})
+		},
+		"e2b POST /sandboxes/{id}/snapshots": func(t *testing.T, w *world) {
+			w.e2bRefused(t, "POST", "/sandboxes/"+w.sbA.ID+"/snapshots", map[string]any{"name": "stolen"})
+		},
+		"e2b GET /snapshots": func(t *testing.T, w *world) {
+			w.listExcludes(t, "/snapshots", w.snapA)
+			w.listExcludes(t, "/snapshots?sandboxID="+w.sbA.ID, w.snapA)
+			// A's snapshot as B's template: not found.
+			w.e2bRefused(t, "POST", "/v2/sandboxes", map[string]any{"templateID": w.snapA})
+		},
+		"e2b DELETE /templates/{id}": func(t *testing.T, w *world) { w.e2bRefused(t, "DELETE", "/templates/"+w.snapA, nil) },
+		"e2b POST /sandboxes/{id}/fork": func(t *testing.T, w *world) {
+			w.e2bRefused(t, "POST", "/sandboxes/"+w.sbA.ID+"/fork", map[string]any{"count": 1})
 		},
 	}
 	// The data plane: B's session token (valid, for B's own sandbox) on

@@ -1,0 +1,89 @@
+package e2b
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxSignatureBytes bounds the signature query parameter ("v1_" and 43
+// base64 characters).
+const maxSignatureBytes = 64
+
+// serveSigned serves GET and POST /files authorized by a signed URL
+// (sandbox.downloadUrl / uploadUrl) instead of X-Access-Token: signature =
+// "v1_" + base64(sha256("<path>:<read|write>:<username>:<token>[:<exp>]"))
+// without padding. The token is the sandbox's envdAccessToken, a stable
+// session token (auth.Sessions.IssueStable) that the server recomputes: it
+// accepts a signature made with any of them still valid. The sandbox comes
+// from E2b-Sandbox-Id or a "<port>-<id>.<domain>" Host, as for every envd
+// call.
+func (e *Envd) serveSigned(w http.ResponseWriter, r *http.Request) {
+	op := map[string]string{http.MethodGet: "read", http.MethodPost: "write"}[r.Method]
+	if op == "" {
+		envdError(w, r, http.StatusNotFound, "envd route "+r.Method+" "+r.URL.Path+" is not supported")
+		return
+	}
+	id := sandboxIDOf(r)
+	if id == "" || len(id) > 128 {
+		envdError(w, r, http.StatusUnauthorized, "a signed URL needs the E2b-Sandbox-Id header or a <port>-<sandbox id>.<domain> Host")
+		return
+	}
+	q := r.URL.Query()
+	sig, p, user, expStr := q.Get("signature"), q.Get("path"), q.Get("username"), q.Get("signature_expiration")
+	if len(sig) > maxSignatureBytes || len(p) > maxPathBytes || len(user) > maxUserBytes || len(expStr) > 20 {
+		envdError(w, r, http.StatusUnauthorized, "invalid signature")
+		return
+	}
+	if expStr != "" {
+		exp, err := strconv.ParseInt(expStr, 10, 64)
+		if err != nil {
+			envdError(w, r, http.StatusUnauthorized, "invalid signature_expiration")
+			return
+		}
+		if time.Now().Unix() > exp {
+			envdError(w, r, http.StatusUnauthorized, "signature expired")
+			return
+		}
+	}
+	// Like E2B's edge: a sandbox that does not run here is 502.
+	sb, err := e.o.Node.Sandbox(id)
+	if err != nil {
+		envdError(w, r, http.StatusBadGateway, "sandbox "+id+" is not running")
+		return
+	}
+	ok := false
+	for _, tok := range e.o.Sessions.StableTokens(sb.ProjectID, sb.ID, e.o.SessionTTL) {
+		if subtle.ConstantTimeCompare([]byte(sig), []byte(fileSignature(p, op, user, tok, expStr))) == 1 {
+			ok = true
+		}
+	}
+	if !ok {
+		envdError(w, r, http.StatusUnauthorized, "invalid signature")
+		return
+	}
+	// The signed username is who the request acts as: neither a "user"
+	// parameter nor an Authorization header may change it.
+	c := &call{sb: sb, user: user, signed: true, keepalive: defaultKeepWait}
+	r = r.WithContext(context.WithValue(r.Context(), callKey{}, c))
+	if op == "read" {
+		e.download(w, r, c)
+	} else {
+		e.upload(w, r, c)
+	}
+}
+
+// fileSignature is the SDK's getSignature (src/sandbox/signature.ts).
+func fileSignature(path, op, user, token, exp string) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if exp != "" {
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+}
