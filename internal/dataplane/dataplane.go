@@ -126,7 +126,7 @@ func New(o Options) *Server {
 	if err != nil {
 		panic(err) // the embedded document; its tests parse it
 	}
-	s.edge = edge
+	s.edge = cors(edge) // browsers: cors.go
 	return s
 }
 
