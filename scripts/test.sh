@@ -24,6 +24,12 @@ echo "== go vet"
 go vet ./...
 echo "== staticcheck"
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+echo "== console assets"
+# The embedded web console (internal/console/dist) is what web/console builds to.
+bash scripts/console.sh
+# scripts/deps.sh installed chromium: the console's browser test must run,
+# not skip.
+export SPACE_TEST_BROWSER=${SPACE_TEST_BROWSER:-1}
 # A throwaway PostgreSQL cluster (127.0.0.1:55432) for the store suite and
 # the two-replica test; a cluster that will not start fails the run.
 export SPACE_TEST_POSTGRES=${SPACE_TEST_POSTGRES:-$(bash scripts/postgres.sh)}

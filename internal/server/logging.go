@@ -34,9 +34,9 @@ func withLoggers(cfg Config) Config {
 }
 
 // controlRoutes are the patterns of the control listener: the control
-// API, the E2B REST API and /metrics.
+// API, the E2B REST API, /metrics and the web console.
 func controlRoutes() []string {
-	return append(append(api.Routes(), e2b.Routes()...), "GET /metrics")
+	return append(append(api.Routes(), e2b.Routes()...), "GET /metrics", "GET /ui/", "GET /{$}")
 }
 
 // dataRoutes are the patterns of the data listener: the data plane and
