@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages SPACE and its tests need. Idempotent.
 set -euo pipefail
-pkgs=(ca-certificates curl git make gcc python3 mmdebstrap busybox-static crun nftables iproute2 procps util-linux e2fsprogs jq postgresql)
+# chromium: the web console's browser test (test/console), headless.
+pkgs=(ca-certificates curl git make gcc python3 mmdebstrap busybox-static crun nftables iproute2 procps util-linux e2fsprogs jq postgresql chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
