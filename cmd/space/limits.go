@@ -39,3 +39,12 @@ func limitFlags(fs *flag.FlagSet, cfg *server.Config) {
 	fs.Var(byteSize{&cfg.MaxOutputBytes}, "max-output-bytes",
 		"command output each sandbox keeps on the host, its commands together, e.g. 64M: past it the oldest output is dropped and readers get a \"dropped\" event (at least 4M)")
 }
+
+// portFlags registers port forwarding's settings, the same on space server
+// and space node.
+func portFlags(fs *flag.FlagSet, cfg *server.Config) {
+	fs.StringVar(&cfg.SandboxDomain, "sandbox-domain", "",
+		"domain of forwarded ports: <port>-<sandbox id>.<domain> (a wildcard DNS name pointing at the data listener; may end in :port) reaches that port (default: localhost:<data port> for an address or localhost data URL, else the data URL's host)")
+	fs.IntVar(&cfg.MaxPortConns, "max-port-connections", 256,
+		"forwarded requests (WebSockets included) open at once per sandbox; more get 429 too_many_connections")
+}

@@ -47,6 +47,7 @@ func runNode(args []string) error {
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
 	builtins := fs.String("builtins", "minimal,base", "builtin templates to build at start if missing")
 	limitFlags(fs, &cfg)
+	portFlags(fs, &cfg)
 	uid := fs.Uint("uid-base", uint(cfg.UIDBase), "host uid of root in this node's sandboxes (65536 ids; unique per node on a host)")
 	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret (at least 32 bytes; default $SPACE_CLUSTER_SECRET)")
 	fs.DurationVar(&nc.Heartbeat, "heartbeat", time.Second, "interval of this node's heartbeats")

@@ -25,3 +25,9 @@ func ReapsAll() bool {
 
 // ReaperModeEnv names the variable that selects the reaper mode of a run.
 const ReaperModeEnv = reaperModeEnv
+
+// WithProcDir makes the port listing read net/tcp{,6} under dir.
+func WithProcDir(o Options, dir string) Options {
+	o.procDirOverride = dir
+	return o
+}

@@ -66,6 +66,9 @@ type Options struct {
 	etcDir string
 	// maxListEntries caps directory listings; tests lower it.
 	maxListEntries int
+	// procDirOverride is where the port listing reads net/tcp{,6}; "/proc"
+	// unless a test points it at a fixture.
+	procDirOverride string
 }
 
 // Server is the agent's HTTP API. Create it with NewServer.
@@ -236,6 +239,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		default:
 			writeError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method not allowed")
 		}
+	case p == "/v1/ports" || strings.HasPrefix(p, "/v1/ports/"):
+		s.routePorts(w, r, strings.TrimPrefix(strings.TrimPrefix(p, "/v1/ports"), "/"))
 	case p == "/v1/metrics":
 		s.method(w, r, http.MethodGet, s.handleMetrics)
 	case p == "/v1/files/list":

@@ -50,6 +50,9 @@ type Options struct {
 	// DataURLFor, if set, names the data plane of one sandbox's node (remote
 	// nodes); "" falls back to DataURL.
 	DataURLFor func(core.Sandbox) string
+	// SandboxDomain is the domain of forwarded ports' host form; "" derives
+	// it from the sandbox's data URL (portfwd.DefaultDomain).
+	SandboxDomain string
 
 	// Credentials is the egress credential store (nil: no egress gateway).
 	Credentials Credentials
@@ -106,6 +109,7 @@ var routes = []route{
 	{"DELETE", "/v1/sandboxes/{id}", false, (*Server).deleteSandbox},
 	{"POST", "/v1/sandboxes/{id}/timeout", false, (*Server).setTimeout},
 	{"POST", "/v1/sandboxes/{id}/session", false, (*Server).newSession},
+	{"POST", "/v1/sandboxes/{id}/ports/{port}/url", false, (*Server).portURL},
 	{"PUT", "/v1/sandboxes/{id}/network", false, (*Server).setNetwork},
 	{"GET", "/v1/sandboxes/{id}/network/log", false, (*Server).networkLog},
 	{"GET", "/v1/sandboxes/{id}/metrics", false, (*Server).sandboxMetrics},
@@ -326,17 +330,25 @@ type session struct {
 	Token     string    `json:"token"`
 	ExpiresAt time.Time `json:"expires_at"`
 	DataURL   string    `json:"data_url"`
+	// Domain is the sandbox domain of forwarded ports: port P of the
+	// sandbox is <scheme of data_url>://P-<id>.<domain>/.
+	Domain string `json:"domain"`
+}
+
+// dataURLOf is the data plane that serves sb.
+func (s *Server) dataURLOf(sb core.Sandbox) string {
+	if s.o.DataURLFor != nil {
+		if u := s.o.DataURLFor(sb); u != "" {
+			return u
+		}
+	}
+	return s.o.DataURL
 }
 
 func (s *Server) issue(sb core.Sandbox) session {
 	tok, exp := s.o.Sessions.Issue(sb.ProjectID, sb.ID, s.o.SessionTTL)
-	url := s.o.DataURL
-	if s.o.DataURLFor != nil {
-		if u := s.o.DataURLFor(sb); u != "" {
-			url = u
-		}
-	}
-	return session{Token: tok, ExpiresAt: exp, DataURL: url}
+	url := s.dataURLOf(sb)
+	return session{Token: tok, ExpiresAt: exp, DataURL: url, Domain: s.portURLs(url).Domain}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) error {

@@ -164,30 +164,48 @@ func (s *Sessions) Issue(projectID, sandboxID string, ttl time.Duration) (string
 	return tokenPrefix + enc.EncodeToString(payload) + "." + enc.EncodeToString(mac), exp
 }
 
-func (s *Sessions) sign(payload []byte) []byte {
+func (s *Sessions) sign(payload []byte) []byte { return s.mac(sessionDomain, payload) }
+
+// Signing domains: a token of one kind never verifies as another.
+const (
+	sessionDomain = "space-session-v1\x00"
+	portDomain    = "space-port-v1\x00"
+)
+
+func (s *Sessions) mac(domain string, payload []byte) []byte {
 	h := hmac.New(sha256.New, s.key)
-	h.Write([]byte("space-session-v1\x00"))
+	h.Write([]byte(domain))
 	h.Write(payload)
 	return h.Sum(nil)
 }
 
-// Verify checks a token and returns the session it grants.
-func (s *Sessions) Verify(token string) (Session, error) {
-	if len(token) > maxCredLen || !strings.HasPrefix(token, tokenPrefix) {
-		return Session{}, ErrInvalid
+// open checks a token's prefix and signature and returns its payload:
+// expiry (8 bytes), nonce (8 bytes), then the grant.
+func (s *Sessions) open(token, prefix, domain string) ([]byte, error) {
+	if len(token) > maxCredLen || !strings.HasPrefix(token, prefix) {
+		return nil, ErrInvalid
 	}
-	p, m, ok := strings.Cut(strings.TrimPrefix(token, tokenPrefix), ".")
+	p, m, ok := strings.Cut(strings.TrimPrefix(token, prefix), ".")
 	if !ok {
-		return Session{}, ErrInvalid
+		return nil, ErrInvalid
 	}
 	enc := base64.RawURLEncoding
 	payload, err1 := enc.DecodeString(p)
 	mac, err2 := enc.DecodeString(m)
 	if err1 != nil || err2 != nil || len(payload) < 17 {
-		return Session{}, ErrInvalid
+		return nil, ErrInvalid
 	}
-	if !hmac.Equal(mac, s.sign(payload)) {
-		return Session{}, ErrInvalid
+	if !hmac.Equal(mac, s.mac(domain, payload)) {
+		return nil, ErrInvalid
+	}
+	return payload, nil
+}
+
+// Verify checks a token and returns the session it grants.
+func (s *Sessions) Verify(token string) (Session, error) {
+	payload, err := s.open(token, tokenPrefix, sessionDomain)
+	if err != nil {
+		return Session{}, err
 	}
 	exp := time.Unix(int64(binary.BigEndian.Uint64(payload[:8])), 0).UTC()
 	project, sandbox, ok := strings.Cut(string(payload[16:]), "/")

@@ -65,6 +65,8 @@ type CreateRequest struct {
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// AutoResume: data-plane calls resume a paused or hibernated sandbox.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// PublicPorts: forwarded ports need no token (see Sandbox.PublicPorts).
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // NetworkRuntime is implemented by runtimes with an egress gateway.
@@ -344,7 +346,7 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	if req.AutoPauseSeconds != nil {
 		sb.AutoPauseSeconds = *req.AutoPauseSeconds
 	}
-	sb.OnTimeout, sb.AutoResume = req.OnTimeout, req.AutoResume
+	sb.OnTimeout, sb.AutoResume, sb.PublicPorts = req.OnTimeout, req.AutoResume, req.PublicPorts
 	if pl, ok := s.runtime.(Placer); ok {
 		node, err := pl.Place(ctx, sb)
 		if err != nil {

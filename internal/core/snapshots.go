@@ -546,6 +546,8 @@ func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRe
 		if creq.Limits == (Limits{}) {
 			creq.Limits = src.Limits
 		}
+		// A fork's ports are as open as its source's.
+		creq.PublicPorts = src.PublicPorts
 	}
 	var sbs []Sandbox
 	var ops []Operation

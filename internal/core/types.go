@@ -101,6 +101,10 @@ type Sandbox struct {
 	// AutoResume: a data-plane call to this paused or hibernated sandbox
 	// resumes it first instead of failing with sandbox_paused.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// PublicPorts: the sandbox's forwarded ports open without a token
+	// (preview links anyone can follow); otherwise each request needs the
+	// session token or a port token.
+	PublicPorts bool `json:"public_ports,omitempty"`
 	// TimeoutSeconds is the timeout the sandbox was created with (0 = none);
 	// a sandbox woken with no time left gets it again.
 	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`

@@ -27,6 +27,7 @@ import (
 	"github.com/space-sandbox/space/internal/execlog"
 	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/node"
+	"github.com/space-sandbox/space/internal/portfwd"
 )
 
 //go:embed openapi.json
@@ -50,6 +51,9 @@ type Options struct {
 	// Wake, if set, resumes a paused or hibernated sandbox that asked for
 	// automatic resume; it reports whether it did (core.Service.AutoResume).
 	Wake func(ctx context.Context, projectID, id string) (bool, error)
+	// PortURLs, if set, builds the URLs of forwarded ports in the port
+	// listing.
+	PortURLs *portfwd.URLs
 }
 
 // Server is the data-plane handler.
@@ -82,6 +86,7 @@ var routes = []route{
 	{"GET", "/v1/sandboxes/{id}/files/stat", (*Server).stat},
 	{"POST", "/v1/sandboxes/{id}/files/mkdir", (*Server).mkdir},
 	{"POST", "/v1/sandboxes/{id}/files/move", (*Server).move},
+	{"GET", "/v1/sandboxes/{id}/ports", (*Server).listPorts},
 }
 
 // Routes returns "METHOD pattern" for every authenticated route.

@@ -31,14 +31,15 @@ import (
 // core's 400 egress_disabled.
 
 // e2bNetwork is the egress part of E2B's SandboxNetworkConfig and
-// SandboxNetworkUpdateConfig. The ingress fields (allowPublicTraffic,
-// maskRequestHost, httpsPorts) concern E2B's public sandbox URLs, which
-// SPACE does not have: they are ignored.
+// SandboxNetworkUpdateConfig, and allowPublicTraffic: whether forwarded
+// ports need the traffic token (create only). maskRequestHost and
+// httpsPorts are ignored: SPACE forwards the client's Host as it is.
 type e2bNetwork struct {
-	AllowOut    []string                     `json:"allowOut"`
-	DenyOut     []string                     `json:"denyOut"`
-	Rules       map[string][]json.RawMessage `json:"rules"`
-	EgressProxy json.RawMessage              `json:"egressProxy"`
+	AllowPublicTraffic *bool                        `json:"allowPublicTraffic"`
+	AllowOut           []string                     `json:"allowOut"`
+	DenyOut            []string                     `json:"denyOut"`
+	Rules              map[string][]json.RawMessage `json:"rules"`
+	EgressProxy        json.RawMessage              `json:"egressProxy"`
 }
 
 // maxNetworkEntries bounds allowOut and denyOut.

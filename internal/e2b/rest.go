@@ -59,6 +59,10 @@ type APIOptions struct {
 	// to the egress gateway (never dialled in any mode): an E2B denyOut of
 	// such ranges is what SPACE's open mode does anyway. nil: none is.
 	InternalRange func(netip.Prefix) bool
+	// PortDomain returns the sandbox domain of a sandbox's forwarded ports
+	// (the answers' "domain": the SDK's getHost(port) is
+	// "<port>-<id>.<domain>"); nil: no domain is reported.
+	PortDomain func(core.Sandbox) string
 }
 
 // DefaultAliases is the alias table used when APIOptions.Aliases is nil.
@@ -372,8 +376,24 @@ func (a *API) sandboxResp(sb core.Sandbox, alias string) sandboxResp {
 	// A stable token: signed file URLs hash it, and envd recomputes it
 	// (auth.Sessions.IssueStable).
 	tok, _ := a.o.Sessions.IssueStable(sb.ProjectID, sb.ID, a.o.SessionTTL)
-	return sandboxResp{SandboxID: sb.ID, TemplateID: sb.Template, Alias: alias, ClientID: clientID,
-		EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
+	resp := sandboxResp{SandboxID: sb.ID, TemplateID: sb.Template, Alias: alias, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: tok, Domain: a.domain(sb)}
+	if !sb.PublicPorts {
+		// allowPublicTraffic: false: the ports need this token
+		// (E2b-Traffic-Access-Token); it opens ports only, not envd.
+		traffic, _ := a.o.Sessions.IssuePort(sb.ProjectID, sb.ID, auth.AnyPort, a.o.SessionTTL)
+		resp.TrafficAccessToken = &traffic
+	}
+	return resp
+}
+
+// domain is the sandbox domain reported for sb (nil: none).
+func (a *API) domain(sb core.Sandbox) *string {
+	if a.o.PortDomain == nil {
+		return nil
+	}
+	d := a.o.PortDomain(sb)
+	return &d
 }
 
 func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
@@ -425,6 +445,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		sb, op, err = a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
 			Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
 			OnTimeout: onTimeout, AutoResume: autoResume, Network: network,
+			// E2B's default: a sandbox's ports are public unless
+			// network.allowPublicTraffic is false.
+			PublicPorts: req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic,
 		}, "")
 	}
 	if errors.Is(err, core.ErrNotFound) {
@@ -474,7 +497,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 	if err != nil {
 		return err
 	}
-	d := detail{listedSandbox: a.listed(sb)}
+	d := detail{listedSandbox: a.listed(sb), Domain: a.domain(sb)}
 	d.Lifecycle.OnTimeout = "kill"
 	if sb.OnTimeout == core.OnTimeoutHibernate {
 		d.Lifecycle.OnTimeout = "pause"

@@ -296,6 +296,7 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 		return core.Placement{}, err
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	h.publicPorts = sb.PublicPorts
 	h.ProjectID = sb.ProjectID
 	cfg := agent.Config{Env: map[string]string{}, Cwd: tpl.Defaults.Cwd, User: tpl.Defaults.User}
 	for k, v := range tpl.Defaults.Env {
@@ -384,6 +385,7 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 		n.o.Logf("sandbox %s: network policy: %v", sb.ID, err)
 	}
 	h := newSandbox(sb.ID, inst, filepath.Join(n.o.LogDir, sb.ID), n)
+	h.publicPorts = sb.PublicPorts
 	h.ProjectID = sb.ProjectID
 	// A crash may have left it frozen (paused, or mid-snapshot): its agent
 	// must answer below; a paused one is frozen again after.
@@ -574,9 +576,14 @@ type Sandbox struct {
 	cmds map[string]*Command
 	wg   sync.WaitGroup
 
+	// publicPorts: forwarded ports need no token (core.Sandbox.PublicPorts).
+	publicPorts bool
+
 	// ProjectID owns the sandbox (E2B signed file URLs are checked
 	// against a token bound to it).
 	ProjectID string
+	// openTunnels counts forwarded connections open now.
+	openTunnels atomic.Int64
 
 	paused atomic.Bool // frozen: the data plane is refused
 	gone   atomic.Bool // being destroyed: readers stop retrying

@@ -311,6 +311,11 @@ func (n *Node) IdleFor(id string) (time.Duration, bool) {
 		cmds = append(cmds, c)
 	}
 	h.mu.Unlock()
+	if h.openTunnels.Load() > 0 {
+		// An open forwarded connection (a WebSocket, a download) is activity.
+		h.lastActive.Store(time.Now().UnixNano())
+		return 0, true
+	}
 	for _, c := range cmds {
 		if c.Exit() == nil {
 			h.lastActive.Store(time.Now().UnixNano())

@@ -18,7 +18,6 @@ import (
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
-	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -370,8 +369,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = &http.Server{Handler: httpx.Limits(envd.Wrap(dataplane.New(dataplane.Options{Node: p.node, Sessions: sessions, Logf: cfg.Logf}))),
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}

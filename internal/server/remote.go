@@ -17,6 +17,7 @@ import (
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/egress"
 	"github.com/space-sandbox/space/internal/httpx"
+	"github.com/space-sandbox/space/internal/portfwd"
 	"github.com/space-sandbox/space/internal/store/postgres"
 )
 
@@ -126,10 +127,17 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	// Nodes may declare different public ranges: an E2B denyOut maps onto
 	// open mode only for ranges no node can make public.
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: egress.AlwaysInternal})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: egress.AlwaysInternal,
+		PortDomain: func(sb core.Sandbox) string {
+			u := remote.DataURL(sb)
+			if u == "" {
+				u = cfg.DataURL
+			}
+			return portfwd.NewURLs(u, cfg.SandboxDomain).Domain
+		}})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
-		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL,
+		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL, SandboxDomain: cfg.SandboxDomain,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit,
 		Info: func() api.Info {
 			egress, ranges := remoteEgress(remote, cfg.NodeTimeout)

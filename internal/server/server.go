@@ -25,7 +25,6 @@ import (
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
-	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/firecracker"
@@ -38,6 +37,7 @@ import (
 	"github.com/space-sandbox/space/internal/httpx"
 	"github.com/space-sandbox/space/internal/netns"
 	"github.com/space-sandbox/space/internal/node"
+	"github.com/space-sandbox/space/internal/portfwd"
 	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 	"github.com/space-sandbox/space/internal/template"
@@ -111,6 +111,13 @@ type Config struct {
 	// host, its commands together (0: node.DefaultMaxLogBytes); past it
 	// the oldest output is dropped with a "dropped" marker.
 	MaxOutputBytes int64
+	// SandboxDomain is the domain of forwarded ports' host form,
+	// "<port>-<sandbox id>.<domain>" (wildcard DNS pointing at the data
+	// listener); "" derives it from the data URL (portfwd.DefaultDomain).
+	SandboxDomain string
+	// MaxPortConns bounds the forwarded requests open at once per sandbox
+	// (0: portfwd.DefaultMaxConns).
+	MaxPortConns int
 	// disks makes the sandboxes' disk images where disk limits are on
 	// (withDisks).
 	disks *diskquota.Manager
@@ -549,12 +556,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		internalRange = s.net.GW.Internal
 	}
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: internalRange})
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: internalRange,
+		PortDomain: func(core.Sandbox) string { return portfwd.NewURLs(dataURL, cfg.SandboxDomain).Domain }})
 	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume,
 		SessionTTL: cfg.SessionTTL})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
-		Templates: s.templates, Store: s.store, DataURL: dataURL, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
+		Templates: s.templates, Store: s.store, DataURL: dataURL, SandboxDomain: cfg.SandboxDomain, SessionTTL: cfg.SessionTTL, Logf: cfg.Logf,
 		Audit: s.audit,
 	}
 	if s.creds != nil {
@@ -573,8 +581,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// envelope: httpx.Limits below net/http's own (higher) header limit, and
 	// httpx.Listener for what net/http answers itself.
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), func() []string { return []string{dataURL} })), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
-	s.data = &http.Server{Handler: httpx.Limits(e2bEnvd.Wrap(dataplane.New(dataplane.Options{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume}))),
-		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc.AutoResume)
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}

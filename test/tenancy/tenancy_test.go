@@ -517,6 +517,11 @@ func routeCases() map[string]func(*testing.T, *world) {
 			w.refused(t, "POST", sbx(w)+"/timeout", map[string]any{"timeout_seconds": 1}, 404)
 		},
 		"control POST /v1/sandboxes/{id}/session": func(t *testing.T, w *world) { w.refused(t, "POST", sbx(w)+"/session", nil, 404) },
+		"control POST /v1/sandboxes/{id}/ports/{port}/url": func(t *testing.T, w *world) {
+			w.refused(t, "POST", sbx(w)+"/ports/8000/url", map[string]any{}, 404)
+			// B's session token on A's forwarded port, path form: 404.
+			w.dataRefused(t, "GET", "/v1/sandboxes/{id}/ports/8000/", nil)
+		},
 		"control PUT /v1/sandboxes/{id}/network": func(t *testing.T, w *world) {
 			w.refused(t, "PUT", sbx(w)+"/network", map[string]any{"mode": "open"}, 404)
 		},

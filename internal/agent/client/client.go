@@ -34,8 +34,9 @@ type Dialer func(ctx context.Context) (net.Conn, error)
 
 // Client talks to one agent. It is safe for concurrent use.
 type Client struct {
-	hc *http.Client
-	tr *http.Transport
+	hc   *http.Client
+	tr   *http.Transport
+	dial Dialer
 	// user is who file calls act as; "" = the agent's default user.
 	user string
 }
@@ -57,7 +58,7 @@ func New(dial Dialer) *Client {
 		WriteBufferSize: 64 << 10,
 		ReadBufferSize:  64 << 10,
 	}
-	return &Client{tr: tr, hc: &http.Client{Transport: tr}}
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}, dial: dial}
 }
 
 // As returns a client for the same agent (and connections) whose file

@@ -1,0 +1,35 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/dataplane"
+	"github.com/space-sandbox/space/internal/e2b"
+	"github.com/space-sandbox/space/internal/httpx"
+	"github.com/space-sandbox/space/internal/node"
+	"github.com/space-sandbox/space/internal/portfwd"
+)
+
+// newDataServer builds the data listener of a server or node: forwarded
+// ports first (they are matched by Host, E2B headers or a /ports/ path),
+// then E2B's envd, then SPACE's data plane. wake may be nil (space node:
+// auto-resume is the control server's).
+func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.Envd, dataURL string,
+	wake func(ctx context.Context, projectID, id string) (bool, error)) *http.Server {
+	urls := portfwd.NewURLs(dataURL, cfg.SandboxDomain)
+	fwd := portfwd.New(portfwd.Options{Node: n, Sessions: sessions, Domain: cfg.SandboxDomain,
+		MaxConns: cfg.MaxPortConns, Wake: wake, Logf: cfg.Logf})
+	dp := dataplane.New(dataplane.Options{Node: n, Sessions: sessions, Logf: cfg.Logf, Wake: wake, PortURLs: &urls})
+	srv := &http.Server{Handler: httpx.Limits(fwd.Wrap(envd.Wrap(dp))),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	// HTTP/2 without TLS (prior knowledge) as well as HTTP/1.1: gRPC and
+	// h2 clients reach forwarded ports and the data plane directly.
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv.RegisterOnShutdown(fwd.Close)
+	return srv
+}
