@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the web console (web/console) with the locked npm packages and
-# checks that internal/console/dist, which the space binary embeds, is
+# Type-checks and builds the web console (web/console) with the locked npm
+# packages and checks that internal/console/dist, which the space binary embeds, is
 # byte for byte what the sources build to. `bash scripts/console.sh write`
 # rebuilds the committed dist instead (after editing web/console/src).
 # A plain `go build` needs none of this: the dist is committed.
@@ -18,6 +18,8 @@ if ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 dist=../../internal/console/dist
+# Type-check the sources (esbuild strips types without checking them).
+node_modules/.bin/tsc -p .
 case "$mode" in
   write)
     rm -rf "$dist"

@@ -166,6 +166,14 @@ func TestConsole(t *testing.T) {
 	b.typeText(t, "echo hi\n")
 	b.waitFor(t, "hi on the screen", screen+`.some((l) => l.trim() === "hi")`, 15*time.Second)
 	b.screenshot(t, filepath.Join(shots, "terminal.png"))
+	// A reload keeps the login (sessionStorage) and re-attaches to the
+	// running shell, replaying its output from the log.
+	b.eval(`window.__beforeReload = true`, nil)
+	if err := b.page("Page.reload", map[string]any{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor(t, "the terminal re-attached", `!window.__beforeReload && document.querySelector("#term-status") && document.querySelector("#term-status").textContent.includes("connected") && window.spaceTerminal`, 20*time.Second)
+	b.waitFor(t, "hi replayed", screen+`.some((l) => l.trim() === "hi")`, 15*time.Second)
 
 	// Forwarded ports: listed as links where the server forwards ports,
 	// the tab hidden where it answers 404 route_not_found.

@@ -354,7 +354,7 @@ function sandboxesView() {
 
 export function limitsText(l: any): string {
   if (!l) return "";
-  const out = [];
+  const out: string[] = [];
   if (l.cpu_millis) out.push(l.cpu_millis / 1000 + " cpu");
   if (l.memory_bytes) out.push(fmtBytes(l.memory_bytes));
   if (l.pids) out.push(l.pids + " pids");
