@@ -338,7 +338,7 @@ func dropDomain(c string) string {
 	parts := strings.Split(c, ";")
 	out := parts[:1]
 	for _, p := range parts[1:] {
-		if name, _, _ := strings.Cut(strings.TrimSpace(p), "="); strings.EqualFold(name, "domain") {
+		if name, _, _ := strings.Cut(p, "="); strings.EqualFold(strings.TrimSpace(name), "domain") {
 			continue
 		}
 		out = append(out, p)

@@ -78,6 +78,51 @@ func Run(t *testing.T, env Env) {
 	if env.DiskLimits {
 		t.Run("DiskLimit", func(t *testing.T) { testDiskLimit(t, env) })
 	}
+	t.Run("PortTunnel", func(t *testing.T) {
+		d := env.Open(t, t.TempDir())
+		portTunnel(t, create(t, env, d, "conf-port", driver.Limits{}))
+	})
+}
+
+// portTunnel: a web server started inside on loopback is listed by the
+// agent and reached through an agent tunnel (the path port forwarding
+// takes), and a closed port is refused as port_closed.
+func portTunnel(t *testing.T, inst driver.Instance) {
+	MustSh(t, inst, "mkdir -p /tmp/www && echo tunnel-ok > /tmp/www/index.html && busybox httpd -p 127.0.0.1:8123 -h /tmp/www")
+	c := client.New(inst.Dial)
+	defer c.Close()
+	var listed bool
+	for i := 0; i < 50 && !listed; i++ {
+		ports, err := c.ListPorts(testCtx(t))
+		if err != nil {
+			t.Fatalf("list ports: %v", err)
+		}
+		for _, p := range ports {
+			listed = listed || (p.Port == 8123 && p.Address == "127.0.0.1")
+		}
+		if !listed {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if !listed {
+		t.Fatal("httpd on 127.0.0.1:8123 not listed")
+	}
+	conn, err := c.DialPort(testCtx(t), 8123)
+	if err != nil {
+		t.Fatalf("dial port: %v", err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(conn, "GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := io.ReadAll(conn)
+	if err != nil || !strings.HasPrefix(string(resp), "HTTP/1.") || !strings.Contains(string(resp), "tunnel-ok") {
+		t.Fatalf("through the tunnel: %q %v", resp, err)
+	}
+	if _, err := c.DialPort(testCtx(t), 8124); !client.IsPortClosed(err) {
+		t.Fatalf("closed port: %v, want port_closed", err)
+	}
 }
 
 // testDiskLimit: a sandbox with a 32 MiB disk cannot write 64 MiB (ENOSPC
@@ -507,6 +552,7 @@ func runShared(t *testing.T, env Env) {
 			t.Errorf("second sandbox sees the first one's files: %q", out)
 		}
 	})
+	t.Run("PortTunnel", func(t *testing.T) { portTunnel(t, b) })
 	t.Run("Limits", func(t *testing.T) {
 		if err := a.SetLimits(testCtx(t), driver.Limits{MemoryBytes: 64 << 20, CPUMillis: 1000, Pids: 32}); err != nil {
 			t.Fatalf("SetLimits: %v", err)
