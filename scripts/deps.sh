@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages SPACE and its tests need. Idempotent.
 set -euo pipefail
-# chromium: the web console's browser test (test/console), headless.
-pkgs=(ca-certificates curl git make gcc python3 mmdebstrap busybox-static crun nftables iproute2 procps util-linux e2fsprogs jq postgresql chromium)
+pkgs=(ca-certificates curl git make gcc python3 mmdebstrap busybox-static crun nftables iproute2 procps util-linux e2fsprogs jq postgresql)
+# --test: also what only the test suite needs. chromium: the web console's
+# browser test (test/console), headless; a large package a server does not need.
+if [ "${1:-}" = "--test" ]; then pkgs+=(chromium); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

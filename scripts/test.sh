@@ -3,7 +3,7 @@
 # root-only integration tests against a real `space server`. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh --test
 bash scripts/e2b-deps.sh
 # QEMU, a Debian kernel and mkfs.ext4 for the qemu driver's test (one TCG boot).
 bash scripts/vm-deps.sh
@@ -27,7 +27,7 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 echo "== console assets"
 # The embedded web console (internal/console/dist) is what web/console builds to.
 bash scripts/console.sh
-# scripts/deps.sh installed chromium: the console's browser test must run,
+# scripts/deps.sh --test installed chromium: the console's browser test must run,
 # not skip.
 export SPACE_TEST_BROWSER=${SPACE_TEST_BROWSER:-1}
 # A throwaway PostgreSQL cluster (127.0.0.1:55432) for the store suite and
