@@ -43,6 +43,9 @@ type CreateRequest struct {
 	Limits   Limits            `json:"limits,omitzero"`
 	// TimeoutSeconds: nil takes the server default, 0 means no timeout.
 	TimeoutSeconds *int64 `json:"timeout_seconds,omitempty"`
+	// PublicPorts opens the sandbox's forwarded ports to anyone with the
+	// URL; otherwise each request needs the session token or a signed URL.
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // Sandbox is a sandbox as the control API reports it.
@@ -61,6 +64,7 @@ type Sandbox struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty"` // nil: never
+	PublicPorts bool              `json:"public_ports,omitempty"`
 }
 
 // OpError is the error recorded on a failed operation.
@@ -123,6 +127,10 @@ type Session struct {
 	Token     string    `json:"token"`
 	ExpiresAt time.Time `json:"expires_at"`
 	DataURL   string    `json:"data_url"`
+	// Domain is the sandbox domain of forwarded ports: port P is
+	// <scheme of DataURL>://P-<sandbox id>.<Domain>/ (see PortURL). Empty
+	// from a server without port forwarding.
+	Domain string `json:"domain,omitempty"`
 }
 
 // CreateResult is the answer to CreateSandbox.

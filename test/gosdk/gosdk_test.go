@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -487,5 +489,136 @@ func TestHibernateResume(t *testing.T) {
 	// The session survives: tokens name the sandbox id, not the instance.
 	if out, _ := run(t, sc, "cat /home/user/data/h.txt"); out != "slept" {
 		t.Fatalf("after hibernate and resume: %q", out)
+	}
+}
+
+// dataDialer sends every request to the data listener whatever the URL's
+// host says, as wildcard DNS for the sandbox domain would; it adds no
+// credential.
+func dataDialer(dataURL string) *http.Client {
+	u, _ := url.Parse(dataURL)
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, u.Host)
+	}}, Timeout: 30 * time.Second}
+}
+
+func fetch(t *testing.T, hc *http.Client, u string) (int, string) {
+	t.Helper()
+	resp, err := hc.Get(u)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b)
+}
+
+// startHTTPD serves dir's index.html with busybox httpd on port inside
+// the sandbox and waits for it with WaitForPort.
+func startHTTPD(t *testing.T, sc *client.SandboxConn, port int, page string) client.Port {
+	t.Helper()
+	ctx := context.Background()
+	if err := sc.Mkdir(ctx, "/tmp/www"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Upload(ctx, "/tmp/www/index.html", 0o644, strings.NewReader(page)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Exec(ctx, client.ExecRequest{Argv: []string{"httpd", "-f", "-p", fmt.Sprint(port), "-h", "/tmp/www"}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	p, err := sc.WaitForPort(wctx, port)
+	if err != nil || p.Port != port {
+		t.Fatalf("WaitForPort(%d): %+v %v", port, p, err)
+	}
+	return p
+}
+
+func TestPortForwarding(t *testing.T) {
+	s := start(t)
+	c := s.client()
+	sb, sc := s.sandbox(t, c)
+	ctx := context.Background()
+	if sc.Session().Domain == "" {
+		t.Fatalf("session without a domain: %+v", sc.Session())
+	}
+	// Nothing listens yet: a bounded wait ends with the context.
+	wctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	_, err := sc.WaitForPort(wctx, 8000)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitForPort before the server starts: %v", err)
+	}
+	p := startHTTPD(t, sc, 8000, "hello from the sandbox\n")
+	hostURL, err := sc.PortURL(8000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pathURL, _ := sc.PortPathURL(8000)
+	if p.URL != hostURL || p.PathURL != pathURL {
+		t.Fatalf("server URLs %q %q, SDK's %q %q", p.URL, p.PathURL, hostURL, pathURL)
+	}
+	ports, err := sc.ListPorts(ctx)
+	if err != nil || len(ports) == 0 {
+		t.Fatalf("ListPorts: %+v %v", ports, err)
+	}
+	hc, err := sc.PortHTTPClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.CloseIdleConnections()
+	for _, u := range []string{hostURL, pathURL} {
+		if st, body := fetch(t, hc, u); st != 200 || body != "hello from the sandbox\n" {
+			t.Fatalf("GET %s with the SDK's client: %d %q", u, st, body)
+		}
+	}
+	plain := dataDialer(sc.Session().DataURL)
+	defer plain.CloseIdleConnections()
+	if st, body := fetch(t, plain, hostURL); st != 401 || !strings.Contains(body, "unauthorized") {
+		t.Fatalf("private port without a token: %d %s", st, body)
+	}
+	signed, err := c.SignedPortURL(ctx, sb.ID, 8000, time.Minute)
+	if err != nil || !strings.HasPrefix(signed.URL, hostURL) || signed.ExpiresAt.Before(time.Now()) {
+		t.Fatalf("SignedPortURL: %+v %v", signed, err)
+	}
+	for _, u := range []string{signed.URL, signed.PathURL} {
+		if st, body := fetch(t, plain, u); st != 200 || body != "hello from the sandbox\n" {
+			t.Fatalf("signed URL %s: %d %q", u, st, body)
+		}
+	}
+	if _, err := c.SignedPortURL(ctx, "sbx-0000000000000000", 8000, 0); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("signed URL of no sandbox: %v", err)
+	}
+}
+
+func TestPublicPorts(t *testing.T) {
+	s := start(t)
+	c := s.client()
+	ctx := context.Background()
+	res, err := c.CreateSandbox(ctx, client.CreateRequest{Template: "minimal", PublicPorts: true}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if op, err := c.DeleteSandbox(context.Background(), res.Sandbox.ID); err == nil {
+			c.WaitOperation(context.Background(), op.ID)
+		}
+	})
+	if _, err := c.WaitOperation(ctx, res.Operation.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetSandbox(ctx, res.Sandbox.ID); err != nil || !got.PublicPorts {
+		t.Fatalf("public_ports not kept: %+v %v", got, err)
+	}
+	sc := c.Sandbox(res.Session)
+	startHTTPD(t, sc, 8080, "public\n")
+	u, _ := sc.PortURL(8080)
+	plain := dataDialer(sc.Session().DataURL)
+	defer plain.CloseIdleConnections()
+	if st, body := fetch(t, plain, u); st != 200 || body != "public\n" {
+		t.Fatalf("public port without a token: %d %q", st, body)
 	}
 }
