@@ -1,19 +1,24 @@
 """The SPACE client: control API (API key) and per-sandbox data plane (session token)."""
 
 import base64
+import http.client
+import ipaddress
 import json
 import os
+import socket
+import ssl
 import stat
 import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 
 from . import errors, sse
-from ._http import NETWORK_ERRORS, Transport
-from .models import (CommandInfo, CommandResult, FileInfo, Operation, OutputEvent, SandboxInfo,
-                     Session, Snapshot, Template)
+from ._http import NETWORK_ERRORS, USER_AGENT, Response, Transport
+from .models import (CommandInfo, CommandResult, FileInfo, Operation, OutputEvent, Port, SandboxInfo,
+                     Session, SignedURL, Snapshot, Template)
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 
@@ -67,16 +72,18 @@ class Client:
     # --- sandboxes ----------------------------------------------------------------------------
 
     def create_sandbox(self, template=None, *, env=None, metadata=None, limits=None, timeout_seconds=None,
-                       network=None, wait=True, wait_timeout=600.0, idempotency_key=None):
+                       network=None, public_ports=None, wait=True, wait_timeout=600.0, idempotency_key=None):
         """Create a sandbox and (by default) wait until it runs; return its Sandbox handle.
 
         limits: {"cpu_millis", "memory_bytes", "pids", "disk_bytes"}. timeout_seconds: delete
-        it this long after creation (0: never; None: the server default).
+        it this long after creation (0: never; None: the server default). public_ports=True:
+        its forwarded ports open without a token (anyone with the URL reaches them).
         An Idempotency-Key is always sent (generated when not given), so a
         retried create never makes two sandboxes."""
         body = {}
         for k, v in (("template", template), ("env", env), ("metadata", metadata), ("limits", limits),
-                     ("timeout_seconds", timeout_seconds), ("network", network)):
+                     ("timeout_seconds", timeout_seconds), ("network", network),
+                     ("public_ports", public_ports)):
             if v is not None:
                 body[k] = v
         key = idempotency_key or "py-" + uuid.uuid4().hex
@@ -397,6 +404,121 @@ class Sandbox:
 
     def commands(self):
         return [CommandInfo(c) for c in self._dp_json("GET", "/commands").get("commands") or []]
+
+    # --- forwarded ports ----------------------------------------------------------------------
+
+    def list_ports(self):
+        """The TCP ports something listens on inside the sandbox, as Port records
+        (port, address, family, url, path_url)."""
+        return [Port(p) for p in self._dp_json("GET", "/ports").get("ports") or []]
+
+    def wait_for_port(self, port, timeout=60.0):
+        """Wait until something listens on port inside the sandbox; return its Port record.
+
+        The server holds each request up to a minute; raises Timeout after timeout seconds."""
+        port = _check_port(port)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise errors.Timeout(f"sandbox {self.id}: nothing listened on port {port} within {timeout:g}s")
+            wait = min(left, 60.0)
+            try:
+                ans = self._dp_json("GET", "/ports", query={"wait": port, "timeout_ms": int(wait * 1000)},
+                                    timeout=wait + self.client.timeout)
+            except errors.DeadlineExceeded as e:
+                if e.code == "port_timeout":
+                    continue
+                raise
+            for p in ans.get("ports") or []:
+                if p.get("port") == port:
+                    return Port(p)
+
+    def port_url(self, port, path=False):
+        """The URL of a forwarded port, built from the session (no request).
+
+        Host form "<scheme>://PORT-<id>.<domain>/" (needs wildcard DNS for the domain;
+        *.localhost resolves to loopback in browsers), or with path=True the path form
+        "<data_url>/v1/sandboxes/<id>/ports/PORT/". A private sandbox's port also needs
+        the session token (header X-Access-Token; port_request sends it) or a signed URL."""
+        port = _check_port(port)
+        sess = self.session
+        data_url = (self.client.data_url or sess["data_url"]).rstrip("/")
+        if path:
+            return f"{data_url}/v1/sandboxes/{self.id}/ports/{port}/"
+        u = urllib.parse.urlsplit(data_url)
+        domain = sess.get("domain") or _default_domain(u)
+        return f"{u.scheme}://{port}-{self.id}.{domain}/"
+
+    def signed_port_url(self, port, ttl=None):
+        """A URL that opens port (only) without any other credential for ttl seconds
+        (None: the server's default, an hour; at most 7 days): for a browser preview.
+        Returns a SignedURL record: url (host form), path_url, token, expires_at."""
+        port = _check_port(port)
+        body = {} if ttl is None else {"ttl_seconds": max(1, int(-(-ttl // 1)))}
+        return SignedURL(self.client._http.json("POST", f"/v1/sandboxes/{self.id}/ports/{port}/url",
+                                                json_body=body))
+
+    def port_request(self, port, path="/", method="GET", body=None, headers=None, timeout=None):
+        """Send one HTTP request to a forwarded port through the data plane, with the
+        session token and no wildcard DNS (the request goes to the data plane's address
+        with the port's host name). Returns the open Response (status, headers, read(),
+        iter_chunks(), json(), close(); a context manager) for any status: the sandbox
+        server's answers are not errors."""
+        port = _check_port(port)
+        if not path.startswith("/"):
+            raise ValueError("path must start with /")
+        sess = self.session
+        data_url = (self.client.data_url or sess["data_url"]).rstrip("/")
+        u = urllib.parse.urlsplit(data_url)
+        host = urllib.parse.urlsplit(self.port_url(port)).netloc
+        t = self.client.timeout if timeout is None else timeout
+        if u.scheme == "https":
+            # The certificate is the sandbox domain's: check it against the port's name.
+            conn = _PortHTTPSConnection(u.hostname, u.port, urllib.parse.urlsplit("//" + host).hostname,
+                                        timeout=t, context=self.client._ssl or ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=t)
+        if isinstance(body, str):
+            body = body.encode()
+        h = {"Host": host, "User-Agent": USER_AGENT, "X-Access-Token": sess["token"], **(headers or {})}
+        try:
+            conn.request(method, path, body=body, headers=h)
+            return Response(conn, conn.getresponse(), method, f"{self.port_url(port)}{path[1:]}".split("?", 1)[0])
+        except NETWORK_ERRORS as e:
+            conn.close()
+            raise errors.ConnectionFailed(f"{type(e).__name__}: {e}", method=method, url=f"port {port}{path}") from e
+
+
+def _check_port(port):
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"invalid port {port!r}: want 1-65535")
+    return port
+
+
+def _default_domain(u):
+    """The server's default sandbox domain for a session that names none."""
+    host, port = u.hostname or "localhost", u.port
+    try:
+        ipaddress.ip_address(host)
+        host = "localhost"
+    except ValueError:
+        pass
+    if port is None or (u.scheme, port) in (("http", 80), ("https", 443)):
+        return host
+    return f"{host}:{port}"
+
+
+class _PortHTTPSConnection(http.client.HTTPSConnection):
+    """TLS to the data plane's address, verified against another name (the port's host)."""
+
+    def __init__(self, host, port, server_name, **kw):
+        super().__init__(host, port, **kw)
+        self._server_name = server_name
+
+    def connect(self):
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self._server_name)
 
 
 class CommandError(errors.SpaceError):

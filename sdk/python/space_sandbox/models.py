@@ -27,7 +27,16 @@ class Operation(Record):
 
 
 class Session(Record):
-    """A data-plane grant: token, expires_at, data_url."""
+    """A data-plane grant: token, expires_at, data_url, domain (of forwarded ports)."""
+
+
+class Port(Record):
+    """A port something listens on in a sandbox: port, address, family (tcp|tcp6), url
+    (host form), path_url (path form)."""
+
+
+class SignedURL(Record):
+    """A URL that opens one port until expires_at: url (host form), path_url, token."""
 
 
 class Snapshot(Record):

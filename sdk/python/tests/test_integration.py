@@ -257,6 +257,55 @@ class IntegrationTest(unittest.TestCase):
             for s in sorted(self.client.list_snapshots(sandbox_id=sb.id), key=lambda s: s.created_at, reverse=True):
                 self.client.delete_snapshot(s.id)
 
+    def _httpd(self, sb, port, page):
+        sb.files.mkdir("/tmp/www")
+        sb.files.write_text("/tmp/www/index.html", page)
+        sb.start(["httpd", "-f", "-p", str(port), "-h", "/tmp/www"])
+        return sb.wait_for_port(port, timeout=20)
+
+    def test_ports_wait_list_url_and_signed(self):
+        sb = self.sb
+        with self.assertRaises(space.Timeout):
+            sb.wait_for_port(8001, timeout=0.5)
+        p = self._httpd(sb, 8001, "py page\n")
+        self.assertEqual((p.port, p.url, p.path_url), (8001, sb.port_url(8001), sb.port_url(8001, path=True)))
+        self.assertIn(8001, [x.port for x in sb.list_ports()])
+        with sb.port_request(8001, "/index.html") as r:
+            self.assertEqual((r.status, r.read()), (200, b"py page\n"))
+        # Without the token the port is closed; a signed URL opens it.
+        signed = sb.signed_port_url(8001, ttl=60)
+        self.assertTrue(signed.url.startswith(sb.port_url(8001)) and "space_token=" in signed.url)
+        self.assertTrue(signed.token.startswith("spt_"))
+        import http.client
+        import urllib.parse
+        data = urllib.parse.urlsplit(sb.session["data_url"])
+        host = urllib.parse.urlsplit(sb.port_url(8001)).netloc
+        for target, status in (("/", 401), ("/?" + urllib.parse.urlsplit(signed.url).query, 200)):
+            conn = http.client.HTTPConnection(data.hostname, data.port, timeout=30)
+            try:
+                conn.request("GET", target, headers={"Host": host})
+                resp = conn.getresponse()
+                self.assertEqual(resp.status, status, resp.read())
+            finally:
+                conn.close()
+        with self.assertRaises(space.NotFound):
+            space.Sandbox(self.client, space.SandboxInfo({"id": "sbx-0000000000000000"})).signed_port_url(8001)
+
+    def test_public_ports(self):
+        with self.client.create_sandbox(TEMPLATE, public_ports=True) as sb:
+            self.assertTrue(sb.info.public_ports)
+            self._httpd(sb, 8002, "open\n")
+            import http.client
+            import urllib.parse
+            data = urllib.parse.urlsplit(sb.session["data_url"])
+            conn = http.client.HTTPConnection(data.hostname, data.port, timeout=30)
+            try:
+                conn.request("GET", "/", headers={"Host": urllib.parse.urlsplit(sb.port_url(8002)).netloc})
+                resp = conn.getresponse()
+                self.assertEqual((resp.status, resp.read()), (200, b"open\n"))
+            finally:
+                conn.close()
+
     def test_build_template_from_file(self):
         name = f"pysdk-{uuid.uuid4().hex[:12]}"
         with tempfile.TemporaryDirectory() as ctx:

@@ -54,5 +54,26 @@ class ErrorsTest(unittest.TestCase):
                 os.environ["SPACE_API_KEY"] = old
 
 
+class PortURLTest(unittest.TestCase):
+    def _sb(self, data_url, domain):
+        from space_sandbox.client import Sandbox
+        c = space.Client("http://127.0.0.1:1", "k")
+        sess = space.Session({"token": "t", "data_url": data_url, **({"domain": domain} if domain else {})})
+        return Sandbox(c, space.SandboxInfo({"id": "sbx-1"}), sess)
+
+    def test_port_url(self):
+        for data_url, domain, want in [
+                ("http://127.0.0.1:3001", "localhost:3001", "http://8000-sbx-1.localhost:3001/"),
+                ("https://data.example.com/", "sbx.example.com", "https://8000-sbx-1.sbx.example.com/"),
+                ("http://127.0.0.1:3001", None, "http://8000-sbx-1.localhost:3001/"),
+                ("https://data.example.com:443", None, "https://8000-sbx-1.data.example.com/")]:
+            self.assertEqual(self._sb(data_url, domain).port_url(8000), want)
+        sb = self._sb("http://d:1/", "x")
+        self.assertEqual(sb.port_url(80, path=True), "http://d:1/v1/sandboxes/sbx-1/ports/80/")
+        for bad in (0, 65536, "80", True, None):
+            with self.assertRaises(ValueError):
+                sb.port_url(bad)
+
+
 if __name__ == "__main__":
     unittest.main()
