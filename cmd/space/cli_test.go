@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -420,4 +422,73 @@ func TestCopyProgressAndLogs(t *testing.T) {
 	if code != 0 || len(lines) < 3 || json.Unmarshal([]byte(lines[len(lines)-1]), &last) != nil || last.Type != "exit" || last.Exit.Code != 2 {
 		t.Fatalf("logs --json: %d %q", code, out)
 	}
+}
+
+func TestPortsAndURL(t *testing.T) {
+	id := newSandbox(t)
+	if _, errOut, code := space(t, "sandbox", "exec", id, "--", "sh", "-c", "mkdir -p /tmp/www && echo cli page > /tmp/www/index.html && httpd -p 8000 -h /tmp/www"); code != 0 {
+		t.Fatalf("start httpd: %d %s", code, errOut)
+	}
+	out, errOut, code := space(t, "sandbox", "ports", id, "--wait", "8000", "--timeout", "20s", "--json")
+	var list struct {
+		Ports []struct {
+			Port int
+			URL  string
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list.Ports) == 0 {
+		t.Fatalf("ports --wait: %d %q %s", code, out, errOut)
+	}
+	found := false
+	for _, p := range list.Ports {
+		found = found || p.Port == 8000 && strings.Contains(p.URL, "://8000-"+id+".")
+	}
+	if !found {
+		t.Fatalf("port 8000 not listed: %s", out)
+	}
+	if out, _, code = space(t, "sandbox", "ports", id); code != 0 || !strings.Contains(out, "8000") || !strings.HasPrefix(out, "PORT") {
+		t.Fatalf("ports table: %d %q", code, out)
+	}
+	if out, _, code = space(t, "sandbox", "url", id, "8000"); code != 0 || !strings.HasPrefix(out, "http://8000-"+id+".") {
+		t.Fatalf("url: %d %q", code, out)
+	}
+	if out, _, code = space(t, "sandbox", "url", "--path", id, "8000"); code != 0 || !strings.HasSuffix(out, "/v1/sandboxes/"+id+"/ports/8000/\n") {
+		t.Fatalf("url --path: %d %q", code, out)
+	}
+	// The signed path-form URL opens the port with nothing else.
+	out, errOut, code = space(t, "sandbox", "url", "--signed", "--ttl", "5m", "--path", id, "8000")
+	if code != 0 || !strings.Contains(out, "space_token=") {
+		t.Fatalf("url --signed: %d %q %s", code, out, errOut)
+	}
+	resp, err := http.Get(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "cli page\n" {
+		t.Fatalf("GET the signed URL: %d %q", resp.StatusCode, body)
+	}
+	for _, args := range [][]string{
+		{"sandbox", "url", id, "0"}, {"sandbox", "url", id, "http"}, {"sandbox", "url", "--signed", "--ttl", "0s", id, "8000"},
+		{"sandbox", "ports", id, "--wait", "70000"}, {"sandbox", "url", id},
+	} {
+		if _, _, code := space(t, args...); code != 2 {
+			t.Errorf("space %v: exit %d, want 2", args, code)
+		}
+	}
+	if _, errOut, code := space(t, "sandbox", "ports", id, "--wait", "8001", "--timeout", "500ms"); code != 1 || !strings.Contains(errOut, "nothing listened on port 8001") {
+		t.Fatalf("ports --wait on a closed port: %d %s", code, errOut)
+	}
+	out, _, code = space(t, "sandbox", "create", "--template", "minimal", "--public-ports", "--json")
+	var created struct {
+		Sandbox struct {
+			ID          string
+			PublicPorts bool `json:"public_ports"`
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &created) != nil || !created.Sandbox.PublicPorts {
+		t.Fatalf("create --public-ports: %d %q", code, out)
+	}
+	space(t, "sandbox", "rm", created.Sandbox.ID)
 }

@@ -260,13 +260,15 @@ const sandboxUsage = `usage: space sandbox <verb> [flags]
 
 verbs:
   create [--template base] [--env K=V]... [--metadata K=V]... [--memory 512M] [--cpus 1.5]
-         [--pids N] [--disk 1G] [--timeout 15m] [--wait=true]
+         [--pids N] [--disk 1G] [--timeout 15m] [--public-ports] [--wait=true]
   list   [--state running] [--metadata K=V]... [--limit N]
   get    ID
   exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [-t|--tty] [-i|--stdin] [--timeout D] ID [--] CMD ARGS...
          (-it ID -- sh: an interactive shell; exits with the command's exit code)
   logs   ID [--command CID | --all]      a command's output (default: the newest), followed until it exits
   cp     LOCAL ID:PATH | ID:PATH LOCAL   copy a file in or out ("-": stdin/stdout); progress on a terminal
+  ports  ID [--wait PORT] [--timeout 1m]  the ports something listens on inside, with their URLs
+  url    ID PORT [--signed] [--ttl 1h] [--path]  the URL of a port (--signed: opens it with no other credential)
   pause  ID [--wait=true]     freeze every process; the data plane refuses calls until resume
   resume ID [--wait=true]     resume a paused or hibernated sandbox
   hibernate ID [--wait=true]  snapshot, release the instance; resume starts it again
@@ -295,6 +297,10 @@ func runSandbox(args []string) error {
 		return runLogs(args[1:])
 	case "cp":
 		return sandboxCopy(args[1:])
+	case "ports":
+		return sandboxPorts(args[1:])
+	case "url":
+		return sandboxURL(args[1:])
 	case "help", "-h", "--help":
 		fmt.Println(sandboxUsage)
 		return nil
@@ -313,6 +319,7 @@ func sandboxCreate(args []string) error {
 	pids := fs.Int64("pids", 0, "process limit (default: the server's)")
 	disk := fs.String("disk", "", "disk limit of the writable layer, e.g. 1G (default: the server's)")
 	timeout := fs.Duration("timeout", 0, "delete the sandbox after this long; 0 = never (default: the server's)")
+	publicPorts := fs.Bool("public-ports", false, "forwarded ports open without a token (anyone with the URL reaches them)")
 	wait := fs.Bool("wait", true, "wait until the sandbox is running")
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
 	pos, err := parseClientArgs(fs, args)
@@ -322,7 +329,7 @@ func sandboxCreate(args []string) error {
 	if err := wantArgs(fs, pos, 0, "[flags]"); err != nil {
 		return err
 	}
-	req := client.CreateRequest{Template: *tmpl, Env: env, Metadata: meta,
+	req := client.CreateRequest{Template: *tmpl, Env: env, Metadata: meta, PublicPorts: *publicPorts,
 		Limits: client.Limits{CPUMillis: int64(*cpus*1000 + 0.5), Pids: *pids}}
 	if *cpus < 0 || *pids < 0 {
 		return errors.New("--cpus and --pids must not be negative")

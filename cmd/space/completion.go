@@ -25,12 +25,14 @@ type completionVerb struct {
 // completionTable maps "cmd" and "cmd verb" to what follows them. The
 // CLI tests check it against each verb's -h output.
 var completionTable = map[string]completionVerb{
-	"sandbox create":    {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--disk", "--timeout", "--wait", "--idempotency-key"}},
+	"sandbox create":    {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--disk", "--timeout", "--public-ports", "--wait", "--idempotency-key"}},
 	"sandbox list":      {client: true, flags: []string{"--state", "--metadata", "--limit"}},
 	"sandbox get":       {client: true, ids: "sandboxes"},
 	"sandbox exec":      {client: true, ids: "sandboxes", flags: []string{"--shell", "--env", "--cwd", "--user", "--tty", "-t", "--stdin", "-i", "--timeout", "--tag"}},
 	"sandbox logs":      {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},
 	"sandbox cp":        {client: true, ids: "sandboxes", flags: []string{"--mode", "--progress"}},
+	"sandbox ports":     {client: true, ids: "sandboxes", flags: []string{"--wait", "--timeout"}},
+	"sandbox url":       {client: true, ids: "sandboxes", flags: []string{"--signed", "--ttl", "--path"}},
 	"sandbox pause":     {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox resume":    {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox hibernate": {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
@@ -58,7 +60,7 @@ var completionTable = map[string]completionVerb{
 	"node": {flags: []string{"--name", "--store", "--data-dir", "--template-dir", "--run-dir", "--addr-file", "--listen", "--rpc-url", "--data-listen", "--data-url",
 		"--driver", "--warm-templates", "--warm-pool", "--builtins", "--uid-base", "--cluster-secret-file", "--heartbeat", "--cpus", "--memory-bytes", "--max-sandboxes", "--snapshot-store", "--metrics-listen", "--log-format", "--log-level", "--sandbox-domain", "--max-port-connections"}},
 	"completion": {words: []string{"bash", "zsh", "fish"}},
-	"sandbox":    {words: []string{"create", "list", "get", "exec", "logs", "cp", "pause", "resume", "hibernate", "rm"}},
+	"sandbox":    {words: []string{"create", "list", "get", "exec", "logs", "cp", "ports", "url", "pause", "resume", "hibernate", "rm"}},
 	"snapshot":   {words: []string{"create", "list", "get", "rm", "fork"}},
 	"template":   {words: []string{"list", "get", "build", "tag", "delete", "logs", "gc"}},
 	"ops":        {words: []string{"get", "watch"}},
