@@ -20,6 +20,9 @@ import (
 // through the real HTTP API of an in-process server, or, with --drivers
 // a,b, several drivers side by side in one run (see docs/PERFORMANCE.md).
 func runBench(args []string) error {
+	if len(args) > 0 && args[0] == "serve-http" {
+		return benchServeHTTP(args[1:])
+	}
 	cfg := bench.DefaultConfig()
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&cfg.N, "n", cfg.N, "sequential cold creates (and as many warm-pool creates); 0 skips both")
@@ -30,6 +33,8 @@ func runBench(args []string) error {
 	fs.IntVar(&cfg.StdoutRuns, "stdout-runs", cfg.StdoutRuns, "stdout throughput runs (0 skips)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", cfg.WarmPool, "warm pool size (0 skips the warm measurement)")
 	fs.IntVar(&cfg.CrunRuns, "crun-runs", cfg.CrunRuns, "crun baseline runs (0 skips)")
+	fs.IntVar(&cfg.PortRequests, "port-requests", cfg.PortRequests, "small HTTP requests per phase of the forwarded-port benchmark (1 MiB ones: a tenth, at least 50; 0 skips)")
+	fs.IntVar(&cfg.PortClients, "port-clients", cfg.PortClients, "concurrent keep-alive clients of the forwarded-port benchmark")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", bench.DefaultTemplateDir, "template cache reused between runs")
 	fs.StringVar(&cfg.Driver, "driver", "namespace", "isolation driver to measure: namespace or gvisor")
 	drivers := fs.String("drivers", "", "comma-separated drivers measured side by side in one run (e.g. namespace,gvisor): cold and warm-pool create, exec round trip, and for gvisor snapshot+fork; replaces --driver")
@@ -44,7 +49,8 @@ func runBench(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected arguments %q", fs.Args())
 	}
-	if cfg.N < 0 || cfg.Idle < 0 || cfg.ExecRuns < 0 || cfg.StdoutRuns < 0 || cfg.CrunRuns < 0 || cfg.WarmPool < 0 || cfg.StdoutBytes < 0 || cfg.SnapshotRuns < 0 {
+	if cfg.N < 0 || cfg.Idle < 0 || cfg.ExecRuns < 0 || cfg.StdoutRuns < 0 || cfg.CrunRuns < 0 || cfg.WarmPool < 0 || cfg.StdoutBytes < 0 || cfg.SnapshotRuns < 0 ||
+		cfg.PortRequests < 0 || cfg.PortClients < 0 {
 		return errors.New("bench: counts must not be negative")
 	}
 	if cfg.Idle > bench.MaxSandboxes {
@@ -121,6 +127,17 @@ func runBench(args []string) error {
 		return fmt.Errorf("bench: %w", runErr)
 	}
 	return nil
+}
+
+// benchServeHTTP is `space bench serve-http ADDR`: the forwarded-port
+// benchmark's HTTP server, which it runs inside a sandbox and on the host.
+func benchServeHTTP(args []string) error {
+	if len(args) != 1 {
+		return usagef("usage: space bench serve-http ADDR   (the port benchmark's HTTP server: GET /small, GET /1mib)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return bench.ServePorts(ctx, args[0], os.Stdout)
 }
 
 // logTail keeps the last lines of the server's log for error reports.

@@ -65,7 +65,7 @@ var completionTable = map[string]completionVerb{
 	"template":   {words: []string{"list", "get", "build", "tag", "delete", "logs", "gc"}},
 	"ops":        {words: []string{"get", "watch"}},
 	"keys":       {words: []string{"create", "list", "revoke"}},
-	"bench":      {flags: []string{"--json", "--out", "--driver", "--drivers"}},
+	"bench":      {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients"}},
 	"doctor":     {flags: []string{"--data-dir", "--runsc", "--json"}},
 	"version":    {},
 	"agent":      {},

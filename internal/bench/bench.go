@@ -25,6 +25,14 @@ type Config struct {
 	StdoutRuns      int   `json:"stdout_runs"`
 	WarmPool        int   `json:"warm_pool"` // warm pool size for WarmTemplate
 	CrunRuns        int   `json:"crun_runs"` // crun baseline runs
+	// PortRequests is how many small requests each phase of the port
+	// benchmark sends (1 MiB ones: a tenth, at least 50); 0 skips it.
+	// PortClients is its concurrent keep-alive clients.
+	PortRequests int `json:"port_requests"`
+	PortClients  int `json:"port_clients"`
+	// PortServer is the `space` binary the port benchmark runs as its HTTP
+	// server (`space bench serve-http`); default: this executable.
+	PortServer string `json:"-"`
 
 	AgentPath   string `json:"-"` // see EnvOptions
 	TemplateDir string `json:"template_dir"`
@@ -44,7 +52,7 @@ type Config struct {
 // DefaultConfig is what `space bench` runs with no flags.
 func DefaultConfig() Config {
 	return Config{N: 100, Idle: 500, IdleConcurrency: 4, ExecRuns: 200, StdoutBytes: 256 << 20,
-		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50}
+		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50, PortRequests: defaultPortRequests, PortClients: 8}
 }
 
 // MaxSandboxes bounds how many sandboxes one run may have alive at once.
@@ -184,6 +192,7 @@ type Result struct {
 	Stdout   *StdoutResult `json:"stdout,omitempty"`
 	Idle     *IdleResult   `json:"idle,omitempty"`
 	Crun     *CrunResult   `json:"crun,omitempty"`
+	Ports    *PortsResult  `json:"ports,omitempty"`
 	Checks   []Check       `json:"checks"`
 	Errors   []string      `json:"errors,omitempty"`
 	Duration float64       `json:"duration_s"`
@@ -229,6 +238,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	})
 	phase("idle sandboxes", cfg.Idle <= 0, func() (err error) {
 		res.Idle, err = runIdle(ctx, env, cfg.Idle, cfg.IdleConcurrency, cfg.Progress)
+		return
+	})
+	phase("forwarded port vs direct", cfg.PortRequests <= 0, func() (err error) {
+		bin := cfg.PortServer
+		if bin == "" {
+			if bin, err = os.Executable(); err != nil {
+				return err
+			}
+		}
+		res.Ports, err = RunPorts(ctx, env, bin, cfg.PortRequests, cfg.PortClients)
 		return
 	})
 	phase("crun baseline", cfg.CrunRuns <= 0, func() (err error) {

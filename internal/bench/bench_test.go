@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,6 +211,41 @@ func BenchmarkStdout(b *testing.B) {
 		}
 		if r.Stdout != n {
 			b.Fatalf("got %d bytes", r.Stdout)
+		}
+	}
+}
+
+// BenchmarkPort: one GET at a time through a forwarded port (data
+// listener, host form) and to the same server on the host's loopback.
+func BenchmarkPort(b *testing.B) {
+	e := startEnv(b, 0)
+	ctx := testCtx(b)
+	pt, err := startPortTargets(ctx, e, agentBin.path, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := pt.close(); err != nil {
+			b.Error(err)
+		}
+	})
+	for _, path := range []struct {
+		name string
+		c    *http.Client
+		base string
+	}{{"direct", pt.Direct, pt.DirectURL}, {"forwarded", pt.Forwarded, pt.ForwardURL}} {
+		for _, size := range []struct {
+			name string
+			n    int64
+		}{{"small", int64(len(SmallBody))}, {"1mib", LargeBytes}} {
+			b.Run(path.name+"/"+size.name, func(b *testing.B) {
+				b.SetBytes(size.n)
+				for b.Loop() {
+					if err := getBody(ctx, path.c, path.base+"/"+size.name, size.n); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }

@@ -151,6 +151,12 @@ func (c *Client) waitOp(ctx context.Context, id string) (operation, error) {
 // StartCreate posts a create and returns the sandbox and its operation id
 // without waiting.
 func (c *Client) StartCreate(ctx context.Context, template string) (Sandbox, string, error) {
+	return c.startCreate(ctx, map[string]any{"template": template})
+}
+
+// startCreate posts a create body and returns the sandbox and its
+// operation id without waiting.
+func (c *Client) startCreate(ctx context.Context, body map[string]any) (Sandbox, string, error) {
 	var ans struct {
 		Operation operation `json:"operation"`
 		Sandbox   struct {
@@ -161,7 +167,7 @@ func (c *Client) StartCreate(ctx context.Context, template string) (Sandbox, str
 			DataURL string `json:"data_url"`
 		} `json:"session"`
 	}
-	if err := c.do(ctx, http.MethodPost, c.base+"/v1/sandboxes", c.key, map[string]any{"template": template}, http.StatusAccepted, &ans); err != nil {
+	if err := c.do(ctx, http.MethodPost, c.base+"/v1/sandboxes", c.key, body, http.StatusAccepted, &ans); err != nil {
 		return Sandbox{}, "", err
 	}
 	sb := Sandbox{ID: ans.Sandbox.ID, Token: ans.Session.Token, DataURL: strings.TrimRight(ans.Session.DataURL, "/")}

@@ -155,6 +155,9 @@ func WriteText(w io.Writer, r *Result) error {
 			}
 		}
 	}
+	if p := r.Ports; p != nil {
+		writePorts(&b, p)
+	}
 	fmt.Fprintln(&b, "\ntargets:")
 	tw = tabwriter.NewWriter(&b, 2, 8, 2, ' ', 0)
 	for _, c := range r.Checks {
@@ -167,4 +170,22 @@ func WriteText(w io.Writer, r *Result) error {
 	fmt.Fprintf(&b, "took %.0f s\n", r.Duration)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writePorts prints the port benchmark's table.
+func writePorts(b *strings.Builder, p *PortsResult) {
+	fmt.Fprintf(b, "\nforwarded port vs direct (%d small requests, %d of 1 MiB; %d keep-alive clients for the concurrent phase; sandbox CPU limit %.0f):\n",
+		p.Requests, p.Direct.Large.Sequential.N, p.Clients, p.SandboxCPUs)
+	tw := tabwriter.NewWriter(b, 2, 8, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "path\tseq p50 ms\tseq p99 ms\tconc p50 ms\tconc p99 ms\treq/s\tMB/s\tbench CPU µs/req\tagent µs/req\tserver µs/req\t")
+	row := func(name string, l PortLoad) {
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", name, l.Sequential.P50, l.Sequential.P99,
+			l.Concurrent.P50, l.Concurrent.P99, l.RequestsPS, l.MBps, l.HostCPUUs, l.AgentCPUUs, l.ServerCPUUs)
+	}
+	row("direct, small", p.Direct.Small)
+	row("forwarded, small", p.Forwarded.Small)
+	row("direct, 1 MiB", p.Direct.Large)
+	row("forwarded, 1 MiB", p.Forwarded.Large)
+	tw.Flush()
+	fmt.Fprintf(b, "  added sequential p50: %.3f ms small, %.3f ms 1 MiB\n  %s\n", p.AddedP50Small, p.AddedP50Large, p.Notes)
 }

@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"bufio"
+	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +157,32 @@ func TestChecks(t *testing.T) {
 	}
 	if len(checks(&Result{})) != len(want) {
 		t.Error("a missing phase must still be listed (as not measured)")
+	}
+}
+
+func TestServePorts(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- ServePorts(ctx, "127.0.0.1:0", pw) }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	c := newPortClient(addr, 1, "tok")
+	defer c.CloseIdleConnections()
+	if err := getBody(ctx, c, "http://8080-sbx-1.localhost:1/small", int64(len(SmallBody))); err != nil {
+		t.Fatal(err)
+	}
+	if err := getBody(ctx, c, "http://"+addr+"/1mib", LargeBytes); err != nil {
+		t.Fatal(err)
+	}
+	if err := getBody(ctx, c, "http://"+addr+"/nothing", 0); err == nil {
+		t.Fatal("404 accepted")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
