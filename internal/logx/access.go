@@ -56,6 +56,9 @@ type AccessOptions struct {
 	Routes []string
 	// Pattern, if set, names the pattern instead of Routes.
 	Pattern func(*http.Request) string
+	// Classify, if set, names requests that no route serves (forwarded
+	// ports); "" falls back to Routes or Pattern.
+	Classify func(*http.Request) string
 	// Identify, if set, names who made a request that no handler recorded
 	// with SetPrincipal (e.g. by reading its session token).
 	Identify func(*http.Request) Principal
@@ -88,6 +91,15 @@ func Access(next http.Handler, o AccessOptions) http.Handler {
 		match = func(r *http.Request) string {
 			_, p := mux.Handler(r)
 			return p
+		}
+	}
+	if o.Classify != nil {
+		routed := match
+		match = func(r *http.Request) string {
+			if p := o.Classify(r); p != "" {
+				return p
+			}
+			return routed(r)
 		}
 	}
 	quiet := map[string]bool{}

@@ -5,6 +5,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/logx"
+	"github.com/space-sandbox/space/internal/portfwd"
 )
 
 // withLoggers fills in Config.Logf and Config.Logger from each other: a
@@ -55,6 +57,13 @@ func controlAccess(h http.Handler, l *slog.Logger) http.Handler {
 // names the project and sandbox of the request's session token.
 func dataAccess(h http.Handler, l *slog.Logger, sessions *auth.Sessions) http.Handler {
 	return logx.Access(h, logx.AccessOptions{Logger: l, Plane: "data", Routes: dataRoutes(), Quiet: []string{"/healthz", "/health"},
+		// Forwarded ports: one pattern, the port in the path field.
+		Classify: func(r *http.Request) string {
+			if t, ok := portfwd.Match(r, ""); ok {
+				return "FORWARD port " + strconv.Itoa(t.Port)
+			}
+			return ""
+		},
 		Identify: func(r *http.Request) logx.Principal {
 			tok := r.Header.Get("X-Access-Token")
 			if a := r.Header.Get("Authorization"); tok == "" && strings.HasPrefix(a, "Bearer ") {
