@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -404,6 +405,39 @@ func TestMultiNode(t *testing.T) {
 	// A data token of one sandbox opens no other sandbox, on any node.
 	if _, _, err := exec1(made[1].dataURL, made[0].token, made[1].id, "true"); err == nil {
 		t.Fatalf("sandbox %s's token worked for %s", made[0].id, made[1].id)
+	}
+	// Port forwarding on a node: a server started in a sandbox is reached
+	// through its node's data listener with a signed URL that the other
+	// replica mints, and not with another sandbox's token.
+	fw := made[2]
+	if _, code, err := exec1(fw.dataURL, fw.token, fw.id, "sh", "-c", "mkdir -p /tmp/w && echo on-"+fw.node+" > /tmp/w/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/w"); err != nil || code != 0 {
+		t.Fatalf("start httpd: %d %v", code, err)
+	}
+	signed := c.mustCall(c.servers[1], "POST", "/v1/sandboxes/"+fw.id+"/ports/8080/url", map[string]any{"ttl_seconds": 60})
+	if pu := signed["path_url"].(string); !strings.HasPrefix(pu, fw.dataURL+"/v1/sandboxes/"+fw.id+"/ports/8080/") {
+		t.Fatalf("signed path URL %s is not on the node's data listener %s", pu, fw.dataURL)
+	}
+	var page string
+	for i := 0; i < 50; i++ {
+		resp, err := http.Get(signed["path_url"].(string))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if page = string(b); resp.StatusCode == 200 {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if page != "on-"+fw.node+"\n" {
+		t.Fatalf("forwarded port on node %s: %q", fw.node, page)
+	}
+	req, _ := http.NewRequest("GET", fw.dataURL+"/v1/sandboxes/"+fw.id+"/ports/8080/", nil)
+	req.Header.Set("X-Access-Token", made[3].token)
+	if resp, err := http.DefaultClient.Do(req); err != nil || (resp.StatusCode != 404 && resp.StatusCode != 401) {
+		t.Fatalf("another sandbox's token on the forwarded port: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	if t.Failed() {
 		t.FailNow()
