@@ -215,8 +215,16 @@ func dialLoopback(ctx context.Context, port int) (net.Conn, error) {
 func (s *Server) pipe(host net.Conn, hostBuf *bufio.Reader, up net.Conn) {
 	done := make(chan struct{}, 2)
 	go func() {
-		// Bytes the host sent after the request line are in hostBuf.
-		io.Copy(up, hostBuf)
+		// Bytes the host sent after the request line are in hostBuf;
+		// after those, copy from the connection itself, so that the
+		// kernel can splice between the two sockets.
+		var err error
+		if n := hostBuf.Buffered(); n > 0 {
+			_, err = io.CopyN(up, hostBuf, int64(n))
+		}
+		if err == nil {
+			io.Copy(up, host)
+		}
 		closeWrite(up)
 		done <- struct{}{}
 	}()

@@ -88,9 +88,13 @@ func New(o Options) *Forwarder {
 		ReadBufferSize:         64 << 10,
 	}
 	f.proxy = &httputil.ReverseProxy{
-		Rewrite:        f.rewrite,
-		Transport:      f.tr,
-		FlushInterval:  -1, // server-sent events and streams flow as written
+		Rewrite:   f.rewrite,
+		Transport: f.tr,
+		// 0: responses of unknown length (streams) and server-sent events
+		// are still flushed after every write (httputil does that); a
+		// response with a length is not flushed per write.
+		FlushInterval:  0,
+		BufferPool:     newBufferPool(),
 		ErrorHandler:   f.proxyError,
 		ModifyResponse: f.modifyResponse,
 		ErrorLog:       nil,
@@ -345,6 +349,17 @@ func dropDomain(c string) string {
 	}
 	return strings.Join(out, ";")
 }
+
+// bufferPool implements httputil.BufferPool: the proxy's 64 KiB body
+// copy buffers, reused across requests.
+type bufferPool struct{ p *sync.Pool }
+
+func newBufferPool() bufferPool {
+	return bufferPool{p: &sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}}
+}
+
+func (b bufferPool) Get() []byte    { return *b.p.Get().(*[]byte) }
+func (b bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // dial opens the tunnel for "<sandbox id>:<port>".
 func (f *Forwarder) dial(ctx context.Context, _, addr string) (net.Conn, error) {
