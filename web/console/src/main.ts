@@ -91,9 +91,15 @@ async function loadAll() {
 // ---- live lifecycle events (GET /v1/events) ----
 
 const fetching = new Set<string>();
+// again: sandboxes whose events arrived while a fetch of them was in
+// flight; that answer may predate the event, so they are fetched again.
+const again = new Set<string>();
 
 async function refetch(id: string) {
-  if (fetching.has(id)) return;
+  if (fetching.has(id)) {
+    again.add(id);
+    return;
+  }
   fetching.add(id);
   try {
     upsert(await ctl("GET", `/v1/sandboxes/${id}`));
@@ -103,6 +109,7 @@ async function refetch(id: string) {
     fetching.delete(id);
   }
   changed();
+  if (again.delete(id)) refetch(id);
 }
 
 function startEvents() {
