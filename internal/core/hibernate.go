@@ -396,3 +396,14 @@ func (s *Service) dropAutoSnapshots(ctx context.Context, projectID, id string) {
 		}
 	}
 }
+
+// AutoResumePublic is AutoResume for a forwarded-port request that carries
+// no credential: only a sandbox with public ports is woken by one (any
+// other answers false, as if it did not exist).
+func (s *Service) AutoResumePublic(ctx context.Context, id string) (bool, error) {
+	sb, err := s.store.GetSandbox(ctx, "", id)
+	if err != nil || !sb.PublicPorts {
+		return false, nil
+	}
+	return s.AutoResume(ctx, sb.ProjectID, id)
+}

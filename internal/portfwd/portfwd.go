@@ -48,7 +48,11 @@ type Options struct {
 	// Wake, if set, resumes a paused or hibernated sandbox created with
 	// auto-resume (core.Service.AutoResume); it reports whether it did.
 	Wake func(ctx context.Context, projectID, id string) (bool, error)
-	Logf func(string, ...any)
+	// WakePublic, if set, does the same for a request without a
+	// credential, for sandboxes with public ports only
+	// (core.Service.AutoResumePublic).
+	WakePublic func(ctx context.Context, id string) (bool, error)
+	Logf       func(string, ...any)
 }
 
 // Forwarder is the data listener's port-forwarding front door.
@@ -180,6 +184,16 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 		return sb, nil
 	}
 	grant, fromQuery, gerr := f.credential(r, t)
+	if gerr != nil && err != nil && f.o.WakePublic != nil && !hasCredential(r) {
+		// A paused public sandbox with auto-resume wakes for a browser too.
+		if woke, werr := f.o.WakePublic(r.Context(), t.SandboxID); werr != nil {
+			f.o.Logf("sandbox %s: auto-resume for port %d: %v", t.SandboxID, t.Port, werr)
+		} else if woke {
+			if sb, err = f.o.Node.Sandbox(t.SandboxID); err == nil && sb.PublicPorts() {
+				return sb, nil
+			}
+		}
+	}
 	if gerr != nil {
 		return nil, gerr
 	}
@@ -258,6 +272,16 @@ func (f *Forwarder) credential(r *http.Request, t Target) (g auth.PortGrant, fro
 		return g, false, httpx.Errorf(http.StatusUnauthorized, "token_expired", "the token has expired; ask the control API for a new one")
 	}
 	return g, false, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "invalid token")
+}
+
+// hasCredential reports whether the request carries any of SPACE's
+// credentials (valid or not).
+func hasCredential(r *http.Request) bool {
+	if r.Header.Get(HeaderToken) != "" || r.Header.Get(HeaderTrafficToken) != "" || r.URL.Query().Has(QueryToken) {
+		return true
+	}
+	_, err := r.Cookie(CookieToken)
+	return err == nil
 }
 
 // verify accepts a session token (every port of its sandbox) or a port token.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/dataplane"
 	"github.com/space-sandbox/space/internal/e2b"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -15,13 +16,17 @@ import (
 
 // newDataServer builds the data listener of a server or node: forwarded
 // ports first (they are matched by Host, E2B headers or a /ports/ path),
-// then E2B's envd, then SPACE's data plane. wake may be nil (space node:
-// auto-resume is the control server's).
-func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.Envd, dataURL string,
-	wake func(ctx context.Context, projectID, id string) (bool, error)) *http.Server {
+// then E2B's envd, then SPACE's data plane. svc is nil on space node
+// (auto-resume is the control server's).
+func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.Envd, dataURL string, svc *core.Service) *http.Server {
 	urls := portfwd.NewURLs(dataURL, cfg.SandboxDomain)
+	var wake func(ctx context.Context, projectID, id string) (bool, error)
+	var wakePublic func(ctx context.Context, id string) (bool, error)
+	if svc != nil {
+		wake, wakePublic = svc.AutoResume, svc.AutoResumePublic
+	}
 	fwd := portfwd.New(portfwd.Options{Node: n, Sessions: sessions, Domain: cfg.SandboxDomain,
-		MaxConns: cfg.MaxPortConns, Wake: wake, Logf: cfg.Logf})
+		MaxConns: cfg.MaxPortConns, Wake: wake, WakePublic: wakePublic, Logf: cfg.Logf})
 	dp := dataplane.New(dataplane.Options{Node: n, Sessions: sessions, Logf: cfg.Logf, Wake: wake, PortURLs: &urls})
 	srv := &http.Server{Handler: httpx.Limits(fwd.Wrap(envd.Wrap(dp))),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}

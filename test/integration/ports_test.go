@@ -399,3 +399,43 @@ func TestPortForwardingPublicAndBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestPortForwardingWakes: a paused sandbox with auto-resume is resumed by
+// a forwarded request: with its token, or with none when its ports are
+// public; a private one stays paused for a request without a token.
+func TestPortForwardingWakes(t *testing.T) {
+	e := need(t)
+	pub := e.create(t, map[string]any{"public_ports": true, "auto_resume": true})
+	defer pub.delete(t)
+	priv := e.create(t, map[string]any{"auto_resume": true})
+	defer priv.delete(t)
+	for _, sb := range []*sandbox{pub, priv} {
+		startPortServer(t, sb, "127.0.0.1:8000", 8000)
+		st, m, err := e.call("POST", "/v1/sandboxes/"+sb.ID+"/pause", e.key, nil)
+		if err != nil || st != 202 {
+			t.Fatalf("pause: %d %v %v", st, m, err)
+		}
+		if done := e.waitOp(t, m["operation"].(map[string]any)["id"].(string)); done["state"] != "succeeded" {
+			t.Fatalf("pause: %v", done)
+		}
+	}
+	c := portClient(pub.Data, false)
+	resp, body := get(t, c, hostURL(priv, 8000)+"/", nil)
+	wantError(t, "paused private sandbox without a token", resp, body, 401, "unauthorized")
+	if st, m, _ := e.call("GET", "/v1/sandboxes/"+priv.ID, e.key, nil); st != 200 || m["state"] != "paused" {
+		t.Fatalf("a request without a token changed the private sandbox: %d %v", st, m["state"])
+	}
+	resp, body = get(t, c, hostURL(pub, 8000)+"/", nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, "portserver listing") {
+		t.Fatalf("paused public sandbox: %d %s", resp.StatusCode, body)
+	}
+	resp, body = get(t, c, hostURL(priv, 8000)+"/", map[string]string{"X-Access-Token": priv.Token})
+	if resp.StatusCode != 200 || !strings.Contains(body, "portserver listing") {
+		t.Fatalf("paused private sandbox with its token: %d %s", resp.StatusCode, body)
+	}
+	for _, sb := range []*sandbox{pub, priv} {
+		if st, m, _ := e.call("GET", "/v1/sandboxes/"+sb.ID, e.key, nil); st != 200 || m["state"] != "running" {
+			t.Fatalf("%s after a forwarded request: %d %v", sb.ID, st, m["state"])
+		}
+	}
+}
