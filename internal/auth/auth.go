@@ -151,20 +151,29 @@ func NewSessions(ctx context.Context, store core.Store, now func() time.Time) (*
 // Issue returns a token for one sandbox, valid for ttl.
 func (s *Sessions) Issue(projectID, sandboxID string, ttl time.Duration) (string, time.Time) {
 	exp := s.now().Add(ttl).UTC().Truncate(time.Second)
-	payload := make([]byte, 0, 96)
-	payload = binary.BigEndian.AppendUint64(payload, uint64(exp.Unix()))
+	return s.seal(tokenPrefix, sessionDomain, exp, randomNonce(), projectID+"/"+sandboxID), exp
+}
+
+// randomNonce makes tokens issued in the same second for the same grant
+// differ.
+func randomNonce() []byte {
 	nonce := make([]byte, 8)
 	if _, err := rand.Read(nonce); err != nil {
 		panic(fmt.Sprintf("crypto/rand: %v", err))
 	}
-	payload = append(payload, nonce...)
-	payload = append(payload, []byte(projectID+"/"+sandboxID)...)
-	mac := s.sign(payload)
-	enc := base64.RawURLEncoding
-	return tokenPrefix + enc.EncodeToString(payload) + "." + enc.EncodeToString(mac), exp
+	return nonce
 }
 
-func (s *Sessions) sign(payload []byte) []byte { return s.mac(sessionDomain, payload) }
+// seal makes a token: prefix, then base64 of expiry (8 bytes), nonce (8
+// bytes) and grant, a dot, and the MAC of that payload under domain.
+func (s *Sessions) seal(prefix, domain string, exp time.Time, nonce []byte, grant string) string {
+	payload := make([]byte, 0, 16+len(grant))
+	payload = binary.BigEndian.AppendUint64(payload, uint64(exp.Unix()))
+	payload = append(payload, nonce[:8]...)
+	payload = append(payload, grant...)
+	enc := base64.RawURLEncoding
+	return prefix + enc.EncodeToString(payload) + "." + enc.EncodeToString(s.mac(domain, payload))
+}
 
 // Signing domains: a token of one kind never verifies as another.
 const (

@@ -1,10 +1,7 @@
 package auth
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/binary"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -31,16 +28,7 @@ type PortGrant struct {
 // it can never pass as a session token or the other way round.
 func (s *Sessions) IssuePort(projectID, sandboxID string, port int, ttl time.Duration) (string, time.Time) {
 	exp := s.now().Add(ttl).UTC().Truncate(time.Second)
-	payload := make([]byte, 0, 96)
-	payload = binary.BigEndian.AppendUint64(payload, uint64(exp.Unix()))
-	nonce := make([]byte, 8)
-	if _, err := rand.Read(nonce); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	payload = append(payload, nonce...)
-	payload = append(payload, []byte(projectID+"/"+sandboxID+"/"+strconv.Itoa(port))...)
-	enc := base64.RawURLEncoding
-	return portTokenPrefix + enc.EncodeToString(payload) + "." + enc.EncodeToString(s.mac(portDomain, payload)), exp
+	return s.seal(portTokenPrefix, portDomain, exp, randomNonce(), projectID+"/"+sandboxID+"/"+strconv.Itoa(port)), exp
 }
 
 // VerifyPort checks a port token and returns its grant. The caller still

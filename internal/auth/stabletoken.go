@@ -3,7 +3,6 @@ package auth
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/binary"
 	"time"
 )
@@ -52,16 +51,11 @@ func (s *Sessions) StableTokens(projectID, sandboxID string, ttl time.Duration) 
 
 func (s *Sessions) stable(projectID, sandboxID string, k, w int64, ttl time.Duration) (string, time.Time) {
 	exp := time.Unix(k*w+int64(ttl/time.Second), 0).UTC()
-	payload := make([]byte, 0, 96)
-	payload = binary.BigEndian.AppendUint64(payload, uint64(exp.Unix()))
 	// The nonce is a MAC of the sandbox and window under the session key
 	// (domain-separated from token MACs): unpredictable without the key.
 	h := hmac.New(sha256.New, s.key)
 	h.Write([]byte("space-stable-nonce-v1\x00"))
 	h.Write(binary.BigEndian.AppendUint64(nil, uint64(k)))
 	h.Write([]byte(projectID + "/" + sandboxID))
-	payload = append(payload, h.Sum(nil)[:8]...)
-	payload = append(payload, []byte(projectID+"/"+sandboxID)...)
-	enc := base64.RawURLEncoding
-	return tokenPrefix + enc.EncodeToString(payload) + "." + enc.EncodeToString(s.sign(payload)), exp
+	return s.seal(tokenPrefix, sessionDomain, exp, h.Sum(nil)[:8], projectID+"/"+sandboxID), exp
 }
