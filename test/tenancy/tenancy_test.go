@@ -104,9 +104,13 @@ func setup(t *testing.T) *world {
 	srv.TemplateDir = filepath.Join(srv.Work, "templates")
 	srv.Args = []string{"--builtins", "minimal", "--egress", "--egress-dns", "127.0.0.1:53",
 		"--egress-pool", "10.231.0.0/24", "--egress-if-prefix", "sptn", "--egress-table", "space-tenancy"}
+	w := &world{srv: srv}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("---- server log (tail) ----\n%s", srv.LogTail(20000))
+		}
+		for _, k := range []string{w.keyA, w.keyB, w.keyO} {
+			srv.DeleteSandboxes(k)
 		}
 		srv.Stop()
 		srv.Remove()
@@ -114,7 +118,6 @@ func setup(t *testing.T) *world {
 	if err := srv.Start(); err != nil {
 		t.Fatalf("start: %v\n%s", err, srv.LogTail(4000))
 	}
-	w := &world{srv: srv}
 	for _, k := range []struct {
 		dst     *string
 		project string

@@ -260,3 +260,34 @@ func (s *Server) RemoveCgroupBase() {
 		os.Remove(d)
 	}
 }
+
+// DeleteSandboxes deletes every live sandbox of key's project and waits
+// (up to 30 s) for the deletes, so that a test's sandboxes do not outlive
+// its server (they would: sandboxes survive a server stop by design).
+func (s *Server) DeleteSandboxes(key string) {
+	if s.Ctrl == "" || key == "" {
+		return
+	}
+	hdr := map[string]string{"X-API-Key": key}
+	st, m, err := DoJSON("GET", s.Ctrl+"/v1/sandboxes?state=creating,running,paused,hibernated&limit=1000", hdr, nil)
+	if err != nil || st != http.StatusOK {
+		return
+	}
+	list, _ := m["sandboxes"].([]any)
+	var ops []string
+	for _, it := range list {
+		sb, _ := it.(map[string]any)
+		id, _ := sb["id"].(string)
+		if id == "" {
+			continue
+		}
+		if st, m, err := DoJSON("DELETE", s.Ctrl+"/v1/sandboxes/"+id, hdr, nil); err == nil && st == http.StatusAccepted {
+			if op, ok := m["operation"].(map[string]any); ok {
+				ops = append(ops, op["id"].(string))
+			}
+		}
+	}
+	for _, op := range ops {
+		DoJSON("GET", s.Ctrl+"/v1/operations/"+op+"?wait=30s", hdr, nil)
+	}
+}
