@@ -342,8 +342,10 @@ func gvisorForkBomb(t *testing.T, e *env) {
 	}
 	// The sandbox answers: kill what is left of the bomb. While the bomb
 	// holds every slot a command may not start (429, cannot fork): retry.
+	// Each try can take seconds on a loaded 2-core host while 64 tasks
+	// spin in the Sentry (CI saw two tries in 20 s).
 	var out string
-	deadline = time.Now().Add(20 * time.Second)
+	deadline = time.Now().Add(60 * time.Second)
 	for {
 		if st, reason := sandboxState(t, e, sb.ID); st != "running" {
 			t.Fatalf("after the fork bomb the sandbox is %q (%q), want running", st, reason)
