@@ -11,6 +11,8 @@ func nativeTable() (table, bool) {
 		clone:       unix.SYS_CLONE,
 		clone3:      unix.SYS_CLONE3,
 		personality: unix.SYS_PERSONALITY,
+		socket:      unix.SYS_SOCKET,
+		socketpair:  unix.SYS_SOCKETPAIR,
 		denied:      deniedAMD64,
 	}, true
 }
