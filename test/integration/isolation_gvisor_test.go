@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/driver/gvisor"
+	"golang.org/x/sys/unix"
 )
 
 // gvisorEnv starts a second `space server`, with --driver gvisor, for the
@@ -134,6 +135,7 @@ func TestIsolationGvisor(t *testing.T) {
 		}
 	})
 
+	t.Run("console-bounded", func(t *testing.T) { gvisorConsoleBounded(t, e) })
 	t.Run("fork-bomb", func(t *testing.T) { gvisorForkBomb(t, e) })
 	t.Run("oom", func(t *testing.T) { gvisorOOM(t, e) })
 	t.Run("lost-at-runtime", func(t *testing.T) { gvisorLostAtRuntime(t, e) })
@@ -274,6 +276,38 @@ func waitNoLeftovers(t *testing.T, e *env, inst string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("left behind by %s: %v", inst, left)
+}
+
+// gvisorConsoleBounded: PID 1's stdout and stderr are host descriptors
+// (runsc's console) that root inside can reopen through /proc/1/fd. The
+// issue's reproduction writes 200 MB to them; the host file must stay
+// within its 1 MiB tmpfs, the writer inside gets ENOSPC, and the sandbox
+// stays usable.
+func gvisorConsoleBounded(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	inst := instanceOf(t, e, sb.ID)
+	console := filepath.Join(e.DataDir, "gvisor", inst, "console", "console.log")
+	out, x := sb.sh(t, "echo X >> /proc/1/fd/1; head -c 200000000 /dev/zero | tr '\\0' A > /proc/1/fd/2; echo rc=$?")
+	t.Logf("200 MB to /proc/1/fd/2: %+v %q", x, out)
+	if strings.Contains(out, "rc=0") || !strings.Contains(out, "No space left") {
+		t.Errorf("writing 200 MB to PID 1's stderr: %q, want it to fail with ENOSPC", out)
+	}
+	fi, err := os.Stat(console)
+	if err != nil {
+		t.Fatalf("console file: %v", err)
+	}
+	t.Logf("host console file after the write: %d bytes", fi.Size())
+	if fi.Size() > 1<<20 {
+		t.Errorf("host console file grew to %d bytes, over its 1 MiB bound", fi.Size())
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(console), &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
+		t.Errorf("console dir is not its own tmpfs: type %#x, %v", sfs.Type, err)
+	}
+	if out, x := sb.sh(t, "echo fine"); x.Code != 0 || out != "fine\n" {
+		t.Errorf("sandbox after the console write: %+v %q", x, out)
+	}
 }
 
 // gvisorForkBomb: a fork bomb under pids=64 is contained as in the

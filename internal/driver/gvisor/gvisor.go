@@ -11,6 +11,9 @@
 //	<StateDir>/<id>/disk.img      with a disk limit: the layer's own ext4 of
 //	                              that size, mounted at disk/ (upper, work in it)
 //	<StateDir>/<id>/merged        the overlay, the container's root
+//	<StateDir>/<id>/console/      a 1 MiB tmpfs holding console.log, the
+//	                              container's stdout and stderr (bounded:
+//	                              root inside can reopen them)
 //	<StateDir>/<id>/config.json   the OCI bundle's spec
 //	<StateDir>/<id>/state.json    what a restarted node needs (Attach)
 //	<RunDir>/<id>/agent.sock      the agent's socket
@@ -500,10 +503,54 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	return inst, nil
 }
 
+// The container's stdout and stderr, which runsc run -detach hands to the
+// sandbox as its PID 1's descriptors 1 and 2: root inside can reopen them
+// through /proc/1/fd and write without end. The file lives on a tmpfs of
+// consoleBytes of its own, so a write past that fails with ENOSPC inside
+// the sandbox and the host keeps at most that much; its pages are charged
+// to the memory cgroup of the writer (the sandbox's Sentry). unmountAll(dir)
+// takes the mount down with the sandbox's others.
+const (
+	consoleDir   = "console" // under <StateDir>/<id>
+	consoleName  = "console.log"
+	consoleBytes = 1 << 20
+)
+
+// consolePath is the console file of the sandbox in dir.
+func consolePath(dir string) string { return filepath.Join(dir, consoleDir, consoleName) }
+
+// mountConsole makes <dir>/console a consoleBytes tmpfs, once per sandbox
+// dir (a restore into a fresh dir makes a fresh one).
+func mountConsole(dir string) error {
+	mnt := filepath.Join(dir, consoleDir)
+	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	if fsType, err := statfsType(mnt); err == nil && fsType == unix.TMPFS_MAGIC {
+		return nil
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=16,mode=0700", consoleBytes)
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("gvisor: mount console tmpfs: %w", err)
+	}
+	return nil
+}
+
+func statfsType(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Type, nil
+}
+
 // start runs `runsc <args>` (run or restore) with the sandbox's global
-// flags, its output going to <dir>/console.log.
+// flags, its output going to the sandbox's bounded console file.
 func (d *Driver) start(ctx context.Context, id, dir, network string, args ...string) error {
-	logf, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err := mountConsole(dir); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(consolePath(dir), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("gvisor: %w", err)
 	}
@@ -518,7 +565,7 @@ func (d *Driver) start(ctx context.Context, id, dir, network string, args ...str
 	// The sandbox must outlive the node: its own session, no death signal.
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("gvisor: runsc %s %s: %w%s", args[0], id, err, logTail(filepath.Join(dir, "console.log")))
+		return fmt.Errorf("gvisor: runsc %s %s: %w%s", args[0], id, err, logTail(consolePath(dir)))
 	}
 	return nil
 }
@@ -538,14 +585,14 @@ func (d *Driver) waitReady(ctx context.Context, inst *Instance) error {
 		lastErr = err
 		select {
 		case <-inst.done:
-			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(filepath.Join(inst.dir, "console.log")))
+			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(consolePath(inst.dir)))
 		default:
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("gvisor: sandbox %s: agent not ready: %w (%w)%s", inst.id, lastErr, ctx.Err(), logTail(filepath.Join(inst.dir, "console.log")))
+			return fmt.Errorf("gvisor: sandbox %s: agent not ready: %w (%w)%s", inst.id, lastErr, ctx.Err(), logTail(consolePath(inst.dir)))
 		case <-t.C:
 		}
 		wait = min(2*wait, 5*time.Millisecond)
