@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"golang.org/x/sys/unix"
@@ -282,8 +283,11 @@ func (d *Driver) limits(l driver.Limits) cgroups.Limits {
 }
 
 // hostLimits are the host cgroup limits for the sandbox's limits l: the
-// pids limit leaves room for runsc's own host tasks (hostPids).
+// pids and memory limits leave room for runsc's own host tasks and memory
+// (hostPids, hostMemory), so the sandbox's processes meet their limits
+// before gVisor's kernel meets the host's.
 func hostLimits(l cgroups.Limits) cgroups.Limits {
+	l.MemoryBytes = hostMemory(l.MemoryBytes, l.Pids)
 	l.Pids = hostPids(l.Pids)
 	return l
 }
@@ -503,52 +507,17 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	return inst, nil
 }
 
-// The container's stdout and stderr, which runsc run -detach hands to the
-// sandbox as its PID 1's descriptors 1 and 2: root inside can reopen them
-// through /proc/1/fd and write without end. The file lives on a tmpfs of
-// consoleBytes of its own, so a write past that fails with ENOSPC inside
-// the sandbox and the host keeps at most that much; its pages are charged
-// to the memory cgroup of the writer (the sandbox's Sentry). unmountAll(dir)
-// takes the mount down with the sandbox's others.
-const (
-	consoleDir   = "console" // under <StateDir>/<id>
-	consoleName  = "console.log"
-	consoleBytes = 1 << 20
-)
-
-// consolePath is the console file of the sandbox in dir.
-func consolePath(dir string) string { return filepath.Join(dir, consoleDir, consoleName) }
-
-// mountConsole makes <dir>/console a consoleBytes tmpfs, once per sandbox
-// dir (a restore into a fresh dir makes a fresh one).
-func mountConsole(dir string) error {
-	mnt := filepath.Join(dir, consoleDir)
-	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	if fsType, err := statfsType(mnt); err == nil && fsType == unix.TMPFS_MAGIC {
-		return nil
-	}
-	opts := fmt.Sprintf("size=%d,nr_inodes=16,mode=0700", consoleBytes)
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
-		return fmt.Errorf("gvisor: mount console tmpfs: %w", err)
-	}
-	return nil
-}
-
-func statfsType(path string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return 0, err
-	}
-	return st.Type, nil
-}
+// consolePath is the container's stdout and stderr, which runsc run
+// -detach hands to the sandbox as its PID 1's descriptors 1 and 2: root
+// inside can reopen them through /proc/1/fd and write without end, so the
+// file is bounded (consolelog).
+func consolePath(dir string) string { return consolelog.Path(dir, "console.log") }
 
 // start runs `runsc <args>` (run or restore) with the sandbox's global
 // flags, its output going to the sandbox's bounded console file.
 func (d *Driver) start(ctx context.Context, id, dir, network string, args ...string) error {
-	if err := mountConsole(dir); err != nil {
-		return err
+	if err := consolelog.Mount(dir); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
 	}
 	logf, err := os.OpenFile(consolePath(dir), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
