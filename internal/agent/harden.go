@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/space-sandbox/space/internal/seccomp"
 	"github.com/space-sandbox/space/internal/threadstatus"
 	"golang.org/x/sys/unix"
 )
@@ -60,11 +62,58 @@ func HardenSelf() error { return harden(namespaceDrops) }
 // except that commands keep CAP_NET_ADMIN over the guest's own kernel.
 func HardenVM() error { return harden(vmDrops) }
 
-func harden(drops []uintptr) error {
+// catchSignals catches and discards the usual termination signals (see
+// HardenSelf for why Notify and not Ignore).
+func catchSignals() {
 	// A full buffer drops signals; nobody reads this channel by design.
 	signal.Notify(make(chan os.Signal, 1),
 		syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+}
+
+// gvisorReservedThreads is how many OS threads the agent makes before its
+// signal guard goes up under gVisor: the guard covers the thread ids that
+// exist then, so the more of its threads the agent has made, the fewer it
+// makes later outside the guard.
+const gvisorReservedThreads = 16
+
+// HardenGVisor protects the agent as PID 1 of a gVisor sandbox, whose
+// kernel, unlike Linux, delivers SIGKILL from inside a PID namespace to its
+// init (`kill -9 1` would end the sandbox). The agent makes its threads
+// up front, then installs seccomp.SignalGuard with the fence just above
+// the highest thread id it has: signals (but SIGURG and 0) and pidfd_open
+// aimed below the fence are refused, for the agent and every command it
+// starts, whose ids are all higher. A thread the Go runtime makes later
+// gets an id above the fence and is not covered (docs/security.md). Run
+// outside a PID namespace (development on a host) it does nothing.
+// Capabilities need no dropping here: the container's are set by the
+// driver (gvisor.caps).
+func HardenGVisor() error {
+	if os.Getpid() != 1 {
+		return nil
+	}
+	catchSignals()
+	reserveThreads(gvisorReservedThreads)
+	var fence uint64
+	err := threadstatus.Each(func(tid string, _ map[string]string) error {
+		n, err := strconv.ParseUint(tid, 10, 32)
+		if err != nil {
+			return fmt.Errorf("agent: thread id %q: %w", tid, err)
+		}
+		fence = max(fence, n+1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := seccomp.InstallSignalGuard(uint32(fence)); err != nil {
+		return fmt.Errorf("agent: signal guard: %w", err)
+	}
+	return nil
+}
+
+func harden(drops []uintptr) error {
+	catchSignals()
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("agent: prctl(PR_SET_DUMPABLE): %w", err)
 	}

@@ -18,6 +18,19 @@ func Install() error {
 	if err != nil {
 		return err
 	}
+	return install(filter)
+}
+
+// InstallSignalGuard installs SignalGuard(fence) as Install does.
+func InstallSignalGuard(fence uint32) error {
+	filter, err := SignalGuard(fence)
+	if err != nil {
+		return err
+	}
+	return install(filter)
+}
+
+func install(filter []unix.SockFilter) error {
 	// prctl and seccomp must run on the same thread: no_new_privs is per task.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

@@ -25,6 +25,7 @@ const (
 	offNr      = 0
 	offArch    = 4
 	offArg0Low = 16 // low 32 bits of args[0] (little endian)
+	offArg1Low = 24 // low 32 bits of args[1]
 	offArg2Low = 32 // low 32 bits of args[2]
 )
 
@@ -77,6 +78,10 @@ type table struct {
 	socket      uint32
 	socketpair  uint32
 	denied      []uint32 // answered with EPERM
+	// For SignalGuard: syscalls whose target id is args[0] and signal
+	// args[1] (sig1) or args[2] (sig2), and pidfd_open.
+	signalSig1, signalSig2 []uint32
+	pidfdOpen              uint32
 }
 
 // Filter returns the filter program for the running architecture.
@@ -175,6 +180,10 @@ func (a *assembler) ld(off uint32) {
 
 func (a *assembler) jeq(k uint32, jt, jf string) {
 	a.ins = append(a.ins, insn{code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, k: k, jt: jt, jf: jf})
+}
+
+func (a *assembler) jge(k uint32, jt, jf string) {
+	a.ins = append(a.ins, insn{code: unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K, k: k, jt: jt, jf: jf})
 }
 
 func (a *assembler) jset(k uint32, jt, jf string) {

@@ -32,6 +32,8 @@ func run(t *testing.T, prog []unix.SockFilter, nr int32, arch uint32, args ...ui
 			acc = binary.LittleEndian.Uint32(data[in.K:])
 		case unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K:
 			pc += int(pick(acc == in.K, in.Jt, in.Jf))
+		case unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K:
+			pc += int(pick(acc >= in.K, in.Jt, in.Jf))
 		case unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K:
 			pc += int(pick(acc&in.K != 0, in.Jt, in.Jf))
 		case unix.BPF_RET | unix.BPF_K:
@@ -131,11 +133,59 @@ func TestFilterDecisions(t *testing.T) {
 	}
 }
 
-const helperEnv = "SPACE_SECCOMP_TEST_HELPER"
+func TestSignalGuardDecisions(t *testing.T) {
+	const fence = 10
+	prog, err := SignalGuard(fence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const x86 = unix.AUDIT_ARCH_X86_64
+	kill9, urg := uint64(unix.SIGKILL), uint64(unix.SIGURG)
+	cases := []struct {
+		name string
+		nr   int32
+		args []uint64
+		want uint32
+	}{
+		{"kill -9 1", unix.SYS_KILL, []uint64{1, kill9}, retEPERM},
+		{"kill -TERM 1", unix.SYS_KILL, []uint64{1, uint64(unix.SIGTERM)}, retEPERM},
+		{"kill -9 agent thread", unix.SYS_KILL, []uint64{fence - 1, kill9}, retEPERM},
+		{"kill -0 1", unix.SYS_KILL, []uint64{1, 0}, retAllow},
+		{"kill -9 command", unix.SYS_KILL, []uint64{fence, kill9}, retAllow},
+		{"kill -9 -1", unix.SYS_KILL, []uint64{0xffffffff, kill9}, retAllow},
+		{"kill -9 0", unix.SYS_KILL, []uint64{0, kill9}, retAllow},
+		{"kill -9 -pgid", unix.SYS_KILL, []uint64{uint64(uint32(0xffffffff - 20)), kill9}, retAllow},
+		// The kernel reads an int: high bits do not move the target.
+		{"kill -9 1 high bits", unix.SYS_KILL, []uint64{1<<32 | 1, kill9}, retEPERM},
+		{"tkill agent thread", unix.SYS_TKILL, []uint64{3, kill9}, retEPERM},
+		{"tgkill agent", unix.SYS_TGKILL, []uint64{1, 3, kill9}, retEPERM},
+		{"tgkill SIGURG (Go preemption)", unix.SYS_TGKILL, []uint64{1, 3, urg}, retAllow},
+		{"tgkill command", unix.SYS_TGKILL, []uint64{fence + 5, fence + 5, kill9}, retAllow},
+		{"rt_sigqueueinfo agent", unix.SYS_RT_SIGQUEUEINFO, []uint64{1, kill9}, retEPERM},
+		{"rt_tgsigqueueinfo agent", unix.SYS_RT_TGSIGQUEUEINFO, []uint64{1, 1, kill9}, retEPERM},
+		{"pidfd_open agent", unix.SYS_PIDFD_OPEN, []uint64{1}, retEPERM},
+		{"pidfd_open command", unix.SYS_PIDFD_OPEN, []uint64{fence}, retAllow},
+		{"read", unix.SYS_READ, nil, retAllow},
+		{"mount (gVisor's answer)", unix.SYS_MOUNT, nil, retAllow},
+	}
+	for _, c := range cases {
+		if got := run(t, prog, c.nr, x86, c.args...); got != c.want {
+			t.Errorf("%s: got %#x, want %#x", c.name, got, c.want)
+		}
+	}
+}
+
+const (
+	helperEnv = "SPACE_SECCOMP_TEST_HELPER"
+	guardEnv  = "SPACE_SECCOMP_TEST_GUARD"
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		os.Exit(helper())
+	}
+	if os.Getenv(guardEnv) == "1" {
+		os.Exit(guardHelper())
 	}
 	os.Exit(m.Run())
 }
@@ -236,5 +286,50 @@ func TestProgramFitsJumps(t *testing.T) {
 func TestVerifyWithoutFilter(t *testing.T) {
 	if err := Verify(); err == nil {
 		t.Fatal("Verify passed in a process without a seccomp filter")
+	}
+}
+
+// guardHelper installs the signal guard with the fence at its own pid, so
+// every lower pid (host init included) is refused and its children are not.
+func guardHelper() int {
+	if err := InstallSignalGuard(uint32(os.Getpid())); err != nil {
+		fmt.Println("install:", err)
+		return 1
+	}
+	if err := unix.Kill(1, unix.SIGCONT); err != unix.EPERM {
+		fmt.Println("kill -CONT 1:", err)
+	}
+	if err := unix.Kill(1, 0); err != nil {
+		fmt.Println("kill -0 1:", err)
+	}
+	if _, err := unix.PidfdOpen(1, 0); err != unix.EPERM {
+		fmt.Println("pidfd_open 1:", err)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		fmt.Println("start:", err)
+		return 1
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		fmt.Println("kill child:", err)
+	}
+	_ = cmd.Wait()
+	// A child inherits the guard.
+	if out, _ := exec.Command("/bin/sh", "-c", "kill -CONT 1 2>&1; echo rc=$?").CombinedOutput(); !strings.Contains(string(out), "rc=1") {
+		fmt.Printf("child kill -CONT 1: %q\n", out)
+	}
+	if err := Verify(); err != nil {
+		fmt.Println("verify:", err)
+	}
+	fmt.Println("DONE")
+	return 0
+}
+
+func TestSignalGuardInstall(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), guardEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "DONE" {
+		t.Fatalf("guard helper: %v\n%s", err, out)
 	}
 }

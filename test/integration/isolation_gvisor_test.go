@@ -136,6 +136,7 @@ func TestIsolationGvisor(t *testing.T) {
 	})
 
 	t.Run("console-bounded", func(t *testing.T) { gvisorConsoleBounded(t, e) })
+	t.Run("kill-pid-1", func(t *testing.T) { gvisorKillInit(t, e) })
 	t.Run("fork-bomb", func(t *testing.T) { gvisorForkBomb(t, e) })
 	t.Run("fork-bomb-defaults", func(t *testing.T) { gvisorForkBombDefaults(t, e) })
 	t.Run("oom", func(t *testing.T) { gvisorOOM(t, e) })
@@ -277,6 +278,31 @@ func waitNoLeftovers(t *testing.T, e *env, inst string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("left behind by %s: %v", inst, left)
+}
+
+// gvisorKillInit: gVisor, unlike Linux, delivers SIGKILL from inside a PID
+// namespace to its init, the agent. The agent's signal guard refuses it,
+// and signals to the agent's other threads: the issue's `kill -9 1` as
+// root leaves the sandbox running and usable.
+func gvisorKillInit(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	out, x := sb.sh(t, "kill -9 1; echo rc=$?; kill -TERM 1; echo rc=$?; t=$(ls /proc/1/task | sort -n | sed -n 2p); kill -9 $t; echo thread=$t rc=$?")
+	t.Logf("signals to the agent: %+v %q", x, out)
+	if strings.Contains(out, "rc=0") || !strings.Contains(out, "thread=") {
+		t.Errorf("a signal to the agent was accepted: %q", out)
+	}
+	time.Sleep(time.Second) // a delivered SIGKILL ends the sandbox within this
+	if st, reason := sandboxState(t, e, sb.ID); st != "running" {
+		t.Fatalf("after kill -9 1 the sandbox is %q (%q), want running", st, reason)
+	}
+	if out, x := sb.sh(t, "echo fine"); x.Code != 0 || out != "fine\n" {
+		t.Errorf("sandbox after kill -9 1: %+v %q", x, out)
+	}
+	// Commands can still signal each other, and kill -9 -1 works.
+	if out, x := sb.sh(t, "sleep 60 & p=$!; kill -9 $p; wait $p; echo st=$?; kill -9 -1; echo ok"); x.Code != 0 || !strings.Contains(out, "st=137") {
+		t.Errorf("signals between commands: %+v %q", x, out)
+	}
 }
 
 // gvisorConsoleBounded: PID 1's stdout and stderr are host descriptors
