@@ -31,23 +31,20 @@ func SignalGuard(fence uint32) ([]unix.SockFilter, error) {
 	a.jeq(t.pidfdOpen, "pidfd", "")
 	a.ret(retAllow)
 
-	// kill, tkill, rt_sigqueueinfo: (id, sig, ...).
-	a.label("sig1")
-	a.ld(offArg0Low)
-	a.jeq(0, "allow", "")
-	a.jge(fence, "allow", "")
-	a.ld(offArg1Low)
-	a.jeq(0, "allow", "")
-	a.jeq(uint32(unix.SIGURG), "allow", "eperm")
-
-	// tgkill, rt_tgsigqueueinfo: (tgid, tid, sig, ...).
-	a.label("sig2")
-	a.ld(offArg0Low)
-	a.jeq(0, "allow", "")
-	a.jge(fence, "allow", "")
-	a.ld(offArg2Low)
-	a.jeq(0, "allow", "")
-	a.jeq(uint32(unix.SIGURG), "allow", "eperm")
+	// kill, tkill, rt_sigqueueinfo: (id, sig, ...); tgkill,
+	// rt_tgsigqueueinfo: (tgid, tid, sig, ...).
+	for _, c := range []struct {
+		label  string
+		sigOff uint32
+	}{{"sig1", offArg1Low}, {"sig2", offArg2Low}} {
+		a.label(c.label)
+		a.ld(offArg0Low)
+		a.jeq(0, "allow", "")
+		a.jge(fence, "allow", "")
+		a.ld(c.sigOff)
+		a.jeq(0, "allow", "")
+		a.jeq(uint32(unix.SIGURG), "allow", "eperm")
+	}
 
 	a.label("pidfd")
 	a.ld(offArg0Low)

@@ -258,15 +258,17 @@ func helper() int {
 	return 0
 }
 
-func TestInstall(t *testing.T) {
+func TestInstall(t *testing.T) { runHelper(t, helperEnv) }
+
+// runHelper re-executes the test binary with env set; the helper prints
+// DONE, or one line per failed expectation.
+func runHelper(t *testing.T, env string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	cmd.Env = append(os.Environ(), env+"=1")
 	out, err := cmd.CombinedOutput()
-	if err != nil {
+	if err != nil || strings.TrimSpace(string(out)) != "DONE" {
 		t.Fatalf("helper: %v\n%s", err, out)
-	}
-	if strings.TrimSpace(string(out)) != "DONE" {
-		t.Fatalf("helper reported:\n%s", out)
 	}
 }
 
@@ -325,11 +327,4 @@ func guardHelper() int {
 	return 0
 }
 
-func TestSignalGuardInstall(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), guardEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "DONE" {
-		t.Fatalf("guard helper: %v\n%s", err, out)
-	}
-}
+func TestSignalGuardInstall(t *testing.T) { runHelper(t, guardEnv) }
