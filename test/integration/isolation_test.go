@@ -82,6 +82,12 @@ func TestIsolationSyscallsAndNetwork(t *testing.T) {
 	if strings.TrimSpace(res["interfaces"]) != "lo" {
 		t.Errorf("sandbox network interfaces = %q, want only lo", res["interfaces"])
 	}
+	// PID 1's stdout and stderr are the host's init.log: root inside cannot
+	// reopen them (the agent is not dumpable and commands lack
+	// CAP_SYS_PTRACE), so it cannot grow that file.
+	if out, _, x := sb.run(t, map[string]any{"shell": "echo X >> /proc/1/fd/1 && echo wrote1; echo X >> /proc/1/fd/2 && echo wrote2; readlink /proc/1/fd/1 || echo noread"}); x.Code != 0 || strings.Contains(out, "wrote") || !strings.Contains(out, "noread") {
+		t.Errorf("root reached PID 1's descriptors: %+v %q", x, out)
+	}
 	// The ordinary tools still work: rtnetlink reads (`ip addr`) as root
 	// and as the unprivileged user.
 	for _, user := range []string{"root", "user"} {
