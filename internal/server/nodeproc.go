@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"net"
 	"net/http"
 	"os"
@@ -203,6 +204,11 @@ func hostMemory() int64 {
 func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, error) {
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = DefaultConfig().Logf
+	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
 	}
 	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {

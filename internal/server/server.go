@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/space-sandbox/space/internal/audit"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"log"
 	"log/slog"
 	"net"
@@ -422,6 +423,11 @@ func isExecutable(p string) bool {
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = log.Printf
+	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
 	}
 	cfg = withLoggers(cfg)
 	if cfg.RemoteNodes {
