@@ -198,7 +198,10 @@ func checkHostRanges(cfg Config) error {
 			return nil
 		}
 		for _, pool := range pools {
-			if pool.Overlaps(p) {
+			// The default route covers everything and is only overridden
+			// by the sandboxes' own routes; any other overlap (an address's
+			// subnet, a narrower or wider route) would be shadowed by them.
+			if p.Bits() > 0 && pool.Overlaps(p) {
 				return fmt.Errorf("netns: pool %s overlaps %s %s on interface %s of this host, which is not one of this server's (%s*): choose another pool: %w",
 					pool, what, p, names[link], cfg.IfPrefix, ErrClaimed)
 			}

@@ -574,6 +574,7 @@ func (m *Manager) Counters(id string) (map[string]uint64, error) {
 // Destroy removes the whole table and every veth of this manager's prefix
 // (tests; a node keeps its table across restarts).
 func (m *Manager) Destroy() error {
+	defer m.Unclaim()
 	links, _ := netlink.LinkList()
 	for _, link := range links {
 		if m.ifRE.MatchString(link.Attrs().Name) {

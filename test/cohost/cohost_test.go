@@ -118,11 +118,11 @@ func TestServersShareAHost(t *testing.T) {
 		}
 		sbs = append(sbs, sb)
 	}
-	if _, code, err := sbs[0].Run("(while :; do date +%s%N >> /tmp/tick; sleep 0.1; done) >/dev/null 2>&1 &", ""); err != nil || code != 0 {
+	if _, code, err := sbs[0].Run("(while :; do date +%s%N >> /tmp/tick; sleep 0.1; done) >/dev/null 2>&1 &", "root"); err != nil || code != 0 {
 		t.Fatalf("start ticker: %d %v", code, err)
 	}
 	pid1 := func(sb testenv.Sandbox) string {
-		out, code, err := sb.Run("cut -d' ' -f22 /proc/1/stat", "")
+		out, code, err := sb.Run("cut -d' ' -f22 /proc/1/stat", "root")
 		if err != nil || code != 0 {
 			t.Fatalf("%s: /proc/1/stat: %d %v", sb.ID, code, err)
 		}
@@ -144,12 +144,12 @@ func TestServersShareAHost(t *testing.T) {
 	}
 	b.Stop()
 	b.start(t)
-	if _, code, err := bsb.Run("true", ""); err != nil || code != 0 {
+	if _, code, err := bsb.Run("true", "root"); err != nil || code != 0 {
 		t.Fatalf("B's sandbox after B's restart: %d %v", code, err)
 	}
 	b.Kill9()
 	b.start(t)
-	if _, code, err := bsb.Run("true", ""); err != nil || code != 0 {
+	if _, code, err := bsb.Run("true", "root"); err != nil || code != 0 {
 		t.Fatalf("B's sandbox after B's kill -9: %d %v", code, err)
 	}
 	b.DeleteSandboxes(b.key)
@@ -165,9 +165,9 @@ func TestServersShareAHost(t *testing.T) {
 			t.Errorf("A's sandbox %s has a new PID 1 (start time %s, was %s)", sb.ID, now, starts[i])
 		}
 	}
-	before, _, _ := sbs[0].Run("wc -l < /tmp/tick", "")
+	before, _, _ := sbs[0].Run("wc -l < /tmp/tick", "root")
 	time.Sleep(500 * time.Millisecond)
-	after, _, _ := sbs[0].Run("wc -l < /tmp/tick", "")
+	after, _, _ := sbs[0].Run("wc -l < /tmp/tick", "root")
 	if strings.TrimSpace(before) == strings.TrimSpace(after) {
 		t.Errorf("A's background command stopped ticking (%s lines)", strings.TrimSpace(after))
 	}

@@ -54,14 +54,15 @@ func (s *Server) CreateSandbox(key string, req map[string]any) (Sandbox, error) 
 	return sb, nil
 }
 
-// Run runs a shell script as user ("" = root) and returns its stdout and
-// exit code once it exits.
+// Run runs a shell script as user ("" = the sandbox's default user) and
+// returns its stdout and exit code once it exits.
 func (sb Sandbox) Run(script, user string) (string, int, error) {
-	if user == "" {
-		user = "root"
-	}
 	auth := map[string]string{"Authorization": "Bearer " + sb.Token}
-	st, m, err := DoJSON("POST", sb.Data+"/v1/sandboxes/"+sb.ID+"/commands", auth, map[string]any{"shell": script, "user": user})
+	spec := map[string]any{"shell": script}
+	if user != "" {
+		spec["user"] = user
+	}
+	st, m, err := DoJSON("POST", sb.Data+"/v1/sandboxes/"+sb.ID+"/commands", auth, spec)
 	if err != nil || st != 201 {
 		return "", -1, fmt.Errorf("start command: %d %v %v", st, m, err)
 	}
