@@ -210,6 +210,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if err := fdhygiene.MarkInherited(); err != nil {
 		return nil, err
 	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
 	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {
 		return nil, err
@@ -375,7 +378,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil, nil)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}

@@ -429,6 +429,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err := fdhygiene.MarkInherited(); err != nil {
 		return nil, err
 	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
 	cfg = withLoggers(cfg)
 	if cfg.RemoteNodes {
 		return startRemote(ctx, cfg)
@@ -587,7 +590,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// envelope: httpx.Limits below net/http's own (higher) header limit, and
 	// httpx.Listener for what net/http answers itself.
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), func() []string { return []string{dataURL} })), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
-	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc)
+	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc, s.audit)
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}
@@ -622,6 +625,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ok = true
 	cfg.Logf("space server: control API on http://%s, data plane on %s, data dir %s", s.ctrlLn.Addr(), dataURL, cfg.DataDir)
 	return s, nil
+}
+
+// checkConfig refuses settings the server would otherwise bend silently.
+func checkConfig(cfg Config) error {
+	if cfg.MaxOutputBytes != 0 && cfg.MaxOutputBytes < node.MinMaxLogBytes {
+		return fmt.Errorf("--max-output-bytes %d is below the minimum %d (4 MiB): %w", cfg.MaxOutputBytes, node.MinMaxLogBytes, core.ErrInvalid)
+	}
+	return nil
 }
 
 // IsPostgres reports whether store names a PostgreSQL database.
