@@ -2,11 +2,11 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
