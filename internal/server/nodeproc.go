@@ -251,7 +251,14 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			p.closeAll(context.Background())
+			left := 0
+			if p.node != nil {
+				left = p.node.Count()
+			}
+			tidyHost(p.cfg, left, p.net)
 		}
 	}()
 	var err error

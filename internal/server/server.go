@@ -453,7 +453,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			s.closeAll(context.Background())
+			left := 0
+			if s.node != nil {
+				left = s.node.Count()
+			}
+			tidyHost(s.cfg, left, s.net)
 		}
 	}()
 	var err error
