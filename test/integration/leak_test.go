@@ -28,7 +28,10 @@ func (e *env) leaks() []string {
 		if strings.Count(p, "/") > 10 {
 			return filepath.SkipDir
 		}
-		if filepath.Base(filepath.Dir(p)) == e.CgroupBase() && strings.HasPrefix(filepath.Base(p), "sbx-") {
+		// Every hierarchy, managed or not (runsc makes its groups in
+		// blkio, devices, freezer, ... too), every driver's base.
+		if parent := filepath.Base(filepath.Dir(p)); (parent == e.CgroupBase() || parent == e.CgroupBase()+"-gvisor" || parent == e.CgroupBase()+"-qemu") &&
+			strings.HasPrefix(filepath.Base(p), "sbx-") {
 			out = append(out, "cgroup: "+p)
 			return filepath.SkipDir
 		}
