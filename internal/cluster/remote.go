@@ -41,14 +41,7 @@ type Remote struct {
 
 	mu       sync.Mutex
 	clients  map[string]*Client
-	reserved map[string][]reservation // node → placements not yet in its heartbeat
-}
-
-type reservation struct {
-	id     string
-	at     time.Time
-	memory int64
-	cpu    int64
+	reserved map[string][]pending // node → changes not yet in its heartbeat (placement.go)
 }
 
 var (
@@ -75,7 +68,7 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	if o.HTTP == nil {
 		o.HTTP = &http.Client{Timeout: 5 * time.Minute}
 	}
-	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]reservation{}}, nil
+	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]pending{}}, nil
 }
 
 // fresh reports whether a node can be scheduled on now.
@@ -125,8 +118,8 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 	now := r.o.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	best, bestScore, ready, withTemplate, noEgress := "", -1.0, 0, 0, 0
-	var ties []string
+	best, bestScore, ready, withTemplate, noEgress := "", -1e18, 0, 0, 0
+	var ties, full []string
 	for _, n := range nodes {
 		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) {
 			continue
@@ -140,33 +133,28 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 			continue
 		}
 		withTemplate++
-		mem, cpu, count := n.UsedMemoryBytes, n.UsedCPUMillis, n.Sandboxes
-		kept := r.reserved[n.Name][:0]
-		for _, res := range r.reserved[n.Name] {
-			// A heartbeat sent a while after the placement counts it.
-			if n.HeartbeatAt.After(res.at.Add(2*time.Second)) || now.Sub(res.at) > time.Minute {
-				continue
-			}
-			kept = append(kept, res)
-			mem, cpu, count = mem+res.memory, cpu+res.cpu, count+1
-		}
-		r.reserved[n.Name] = kept
+		mem, cpu, count := r.apply(n, now)
 		if n.MaxSandboxes > 0 && count >= n.MaxSandboxes {
+			full = append(full, fmt.Sprintf("%s runs %d sandboxes, its maximum", n.Name, count))
 			continue
 		}
 		if n.MemoryBytes > 0 && n.MemoryBytes-mem < sb.Limits.MemoryBytes {
+			full = append(full, fmt.Sprintf("%s has %s of %s free", n.Name, gib(n.MemoryBytes-mem), gib(n.MemoryBytes)))
 			continue
 		}
+		// Spread by free memory and free CPU alike (CPU is overcommitted
+		// by design, so its share may go below zero).
 		score := 1.0
 		if n.MemoryBytes > 0 {
 			score = float64(n.MemoryBytes-mem-sb.Limits.MemoryBytes) / float64(n.MemoryBytes)
 		}
 		if n.CPUMillis > 0 {
-			// CPU is overcommitted by design; it only breaks near-ties.
-			score += 0.1 * float64(n.CPUMillis-cpu) / float64(n.CPUMillis)
+			score += float64(n.CPUMillis-cpu-sb.Limits.CPUMillis) / float64(n.CPUMillis)
+		} else {
+			score++
 		}
 		if pc.prefer != "" && n.Name == pc.prefer {
-			score += 2 // the data is on its disk: it wins whenever it has room
+			score += 100 // the data is on its disk: it wins whenever it has room
 		}
 		switch {
 		case score > bestScore+1e-9:
@@ -187,12 +175,12 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 	case withTemplate == 0:
 		return "", fmt.Errorf("template %q is on none of the %d ready nodes: %w", sb.Template, ready, core.ErrNotFound)
 	case best == "":
-		return "", fmt.Errorf("no ready node with template %q has room for %d bytes of memory: %w", sb.Template, sb.Limits.MemoryBytes, core.ErrExhausted)
+		return "", noRoom(sb, full)
 	}
 	if len(ties) > 1 {
 		best = ties[rand.IntN(len(ties))]
 	}
-	r.reserved[best] = append(r.reserved[best], reservation{id: sb.ID, at: now, memory: sb.Limits.MemoryBytes, cpu: sb.Limits.CPUMillis})
+	r.reserve(best, sb, now)
 	return best, nil
 }
 
@@ -240,8 +228,8 @@ func (r *Remote) unreserve(node, id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.reserved[node]
-	for i, res := range list {
-		if res.id == id {
+	for i, p := range list {
+		if p.id == id && !p.stopped {
 			r.reserved[node] = append(list[:i], list[i+1:]...)
 			return
 		}
@@ -266,7 +254,8 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		return core.Placement{}, err
 	}
 	progress(10, "starting on node "+sb.Node)
-	pl, err := c.StartSandbox(ctx, sb, creds...)
+	gctx, gens := withGenSink(ctx)
+	pl, err := c.StartSandbox(gctx, sb, creds...)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -276,6 +265,7 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		}
 		return core.Placement{}, err
 	}
+	r.started(sb.Node, sb.ID, gens.gen)
 	return pl, nil
 }
 
@@ -283,21 +273,27 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 // gone has nothing left to stop from here: a node that comes back sweeps
 // every sandbox the store no longer gives it.
 func (r *Remote) StopSandbox(ctx context.Context, id string) error {
-	node, err := r.nodeOf(ctx, id)
-	if errors.Is(err, core.ErrNotFound) {
+	sb, err := r.o.Store.GetSandbox(ctx, "", id)
+	if errors.Is(err, core.ErrNotFound) || err == nil && sb.Node == "" {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	c, err := r.client(ctx, node)
+	c, err := r.client(ctx, sb.Node)
 	if errors.Is(err, errNodeLost) || errors.Is(err, core.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return c.StopSandbox(ctx, id)
+	gctx, gens := withGenSink(ctx)
+	if err := c.StopSandbox(gctx, id); err != nil {
+		return err
+	}
+	// Its room is free from now on, not only from the node's next heartbeat.
+	r.stoppedOn(sb.Node, sb, gens.gen, gens.added)
+	return nil
 }
 
 // AdoptSandbox implements core.Runtime: nodes adopt their own sandboxes
