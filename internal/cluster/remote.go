@@ -82,6 +82,10 @@ func (r *Remote) Nodes(ctx context.Context) ([]core.NodeRecord, error) { return 
 
 // Place implements core.Placer.
 func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
+	if sb.AutoPauseSeconds > 0 {
+		// The idle loop runs on a server's own node only (docs/scale-out.md).
+		return "", fmt.Errorf("auto-pause is not available with remote nodes yet: %w", core.ErrUnavailable)
+	}
 	if r.o.ProjectQuota > 0 {
 		live, err := r.o.Store.ListSandboxes(ctx, core.SandboxFilter{ProjectID: sb.ProjectID, Limit: r.o.ProjectQuota + 1,
 			States: []core.SandboxState{core.SandboxCreating, core.SandboxRunning, core.SandboxPaused, core.SandboxDeleting}})
