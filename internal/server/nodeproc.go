@@ -307,7 +307,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
-	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
+	drv, _, err := pickDataDirDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err
 	}
