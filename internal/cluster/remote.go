@@ -157,9 +157,6 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 		} else {
 			score++
 		}
-		if pc.prefer != "" && n.Name == pc.prefer {
-			score += 100 // the data is on its disk: it wins whenever it has room
-		}
 		switch {
 		case score > bestScore+1e-9:
 			best, bestScore, ties = n.Name, score, []string{n.Name}
@@ -181,7 +178,12 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 	case best == "":
 		return "", noRoom(sb, full)
 	}
-	if len(ties) > 1 {
+	switch {
+	case pc.prefer != "" && slices.Contains(ties, pc.prefer):
+		// Forks spread by free capacity like creates; of equals, the
+		// node with the snapshot's data on its disk.
+		best = pc.prefer
+	case len(ties) > 1:
 		best = ties[rand.IntN(len(ties))]
 	}
 	r.reserve(best, sb, now)

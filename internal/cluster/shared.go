@@ -12,7 +12,7 @@ import (
 type placeConstraint struct {
 	pinned  string // only this node (its snapshots stay on it)
 	store   string // only nodes sharing this snapshot store
-	prefer  string // among those, this one when it has room (data on its disk)
+	prefer  string // of equally free nodes, this one (data on its disk)
 	exclude string // never this node
 }
 
