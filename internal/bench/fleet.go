@@ -109,15 +109,52 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 		return nil, err
 	}
 	res := &FleetResult{Machine: describeMachine(), Nodes: cfg.Nodes, Replicas: cfg.Replicas, Memory: cfg.MemoryBytes}
+	// Both setups run for the whole benchmark and each level runs on one,
+	// then at once on the other: on a shared machine both see the same
+	// load. The idle setup's own background work (heartbeats) is small.
+	var setups []*setup
+	defer func() {
+		for _, st := range setups {
+			st.stop()
+		}
+	}()
 	if !cfg.SkipSingle {
 		cfg.Progress("single server: starting")
-		if res.Single, err = runSingle(ctx, cfg, filepath.Join(dir, "single")); err != nil {
+		st, err := startSingle(ctx, cfg, filepath.Join(dir, "single"))
+		if err != nil {
 			return res, fmt.Errorf("single server: %w", err)
 		}
+		setups = append(setups, st)
 	}
 	cfg.Progress("fleet: starting PostgreSQL, %d replicas, %d nodes", cfg.Replicas, cfg.Nodes)
-	if res.Fleet, err = runFleetSetup(ctx, cfg, filepath.Join(dir, "fleet")); err != nil {
+	st, err := startFleet(ctx, cfg, filepath.Join(dir, "fleet"))
+	if err != nil {
 		return res, fmt.Errorf("fleet: %w", err)
+	}
+	setups = append(setups, st)
+	for _, st := range setups {
+		// A short warm-up: first sandboxes pay one-time costs.
+		if _, err := runLevel(ctx, cfg, st, 2, 4); err != nil {
+			return res, fmt.Errorf("%s: warm-up: %w", st.name, err)
+		}
+	}
+	for _, n := range cfg.Clients {
+		cycles := max(cfg.Cycles*n, cfg.MinCycles)
+		for _, st := range setups {
+			cfg.Progress("%s: %d clients, %d cycles", st.name, n, cycles)
+			l, err := runLevel(ctx, cfg, st, n, cycles)
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", st.name, err)
+			}
+			cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.1f ms/cycle",
+				st.name, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
+			if st.name == "single" {
+				l.PerNode = nil // one node
+				res.Single = append(res.Single, l)
+			} else {
+				res.Fleet = append(res.Fleet, l)
+			}
+		}
 	}
 	for i := range res.Fleet {
 		for _, s := range res.Single {
@@ -129,37 +166,63 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 	return res, nil
 }
 
-func runSingle(ctx context.Context, cfg FleetConfig, dir string) ([]FleetLevel, error) {
+// setup is one system under test: its processes and API clients.
+type setup struct {
+	name    string
+	clients []*Client
+	procs   []*fleetProc // stopped in order
+	pgPID   int
+	cleanup []func()
+}
+
+func (st *setup) stop() {
+	for _, c := range st.clients {
+		c.Close()
+	}
+	for _, p := range st.procs {
+		p.stop()
+	}
+	for i := len(st.cleanup) - 1; i >= 0; i-- {
+		st.cleanup[i]()
+	}
+}
+
+func startSingle(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err error) {
+	st := &setup{name: "single"}
+	defer func() {
+		if err != nil {
+			st.stop()
+		}
+	}()
 	runDir, err := os.MkdirTemp("/tmp", "spfs")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(runDir)
+	st.cleanup = append(st.cleanup, func() { os.RemoveAll(runDir) })
 	data := filepath.Join(dir, "data")
 	key, err := createKey(ctx, data)
 	if err != nil {
 		return nil, err
 	}
 	p := &fleetProc{name: "single", role: "node"}
+	st.procs = append(st.procs, p)
 	if err := p.start(ctx, cfg.Bin, dir, "server", "--data-dir", data, "--run-dir", runDir, "--driver", "namespace",
 		"--template-dir", filepath.Join(cfg.TemplateDir, "single"), "--builtins", WarmTemplate,
 		"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"); err != nil {
 		return nil, err
 	}
-	defer p.stop()
 	c := NewClient(p.addr["control"], key)
-	defer c.Close()
-	if err := waitTemplate(ctx, c); err != nil {
-		return nil, err
-	}
-	levels, err := runLevels(ctx, cfg, "single", []*Client{c}, []*fleetProc{p}, 0)
-	for i := range levels {
-		levels[i].PerNode = nil // one node
-	}
-	return levels, err
+	st.clients = append(st.clients, c)
+	return st, waitTemplate(ctx, c)
 }
 
-func runFleetSetup(ctx context.Context, cfg FleetConfig, dir string) ([]FleetLevel, error) {
+func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err error) {
+	st := &setup{name: "fleet"}
+	defer func() {
+		if err != nil {
+			st.stop()
+		}
+	}()
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, err
 	}
@@ -167,87 +230,61 @@ func runFleetSetup(ctx context.Context, cfg FleetConfig, dir string) ([]FleetLev
 	if err != nil {
 		return nil, err
 	}
-	defer pg.stop()
+	st.cleanup = append(st.cleanup, pg.stop)
+	st.pgPID = pg.pid
 	secret := filepath.Join(dir, "cluster-secret")
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
 	if err := os.WriteFile(secret, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	var procs []*fleetProc
-	defer func() {
-		// Replicas first, then nodes (their sandboxes are deleted by then).
-		for _, p := range procs {
-			p.stop()
-		}
-	}()
+	var nodes []*fleetProc
 	for i := 0; i < cfg.Nodes; i++ {
 		name := fmt.Sprintf("n%d", i+1)
 		runDir, err := os.MkdirTemp("/tmp", "spfn")
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(runDir)
+		st.cleanup = append(st.cleanup, func() { os.RemoveAll(runDir) })
 		p := &fleetProc{name: name, role: "node"}
+		nodes = append(nodes, p)
 		if err := p.start(ctx, cfg.Bin, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
 			"--data-dir", filepath.Join(dir, name), "--run-dir", runDir,
 			"--template-dir", filepath.Join(cfg.TemplateDir, name), "--uid-base", fmt.Sprint(2000000+i*262144),
 			"--builtins", WarmTemplate, "--cluster-secret-file", secret,
 			"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"); err != nil {
+			st.procs = nodes
 			return nil, err
 		}
-		procs = append([]*fleetProc{p}, procs...)
 	}
-	var clients []*Client
-	st, err := postgres.Open(ctx, pg.dsn, postgres.Options{})
+	store, err := postgres.Open(ctx, pg.dsn, postgres.Options{})
 	if err != nil {
+		st.procs = nodes
 		return nil, err
 	}
-	_, key, err := auth.NewKeys(st, time.Now).Create(ctx, project, "bench")
-	st.Close()
+	_, key, err := auth.NewKeys(store, time.Now).Create(ctx, project, "bench")
+	store.Close()
 	if err != nil {
+		st.procs = nodes
 		return nil, err
 	}
+	var replicas []*fleetProc
+	defer func() { st.procs = append(replicas, nodes...) }() // replicas stop first
 	for i := 0; i < cfg.Replicas; i++ {
 		name := fmt.Sprintf("r%d", i+1)
 		p := &fleetProc{name: name, role: "replica"}
+		replicas = append(replicas, p)
 		if err := p.start(ctx, cfg.Bin, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
 			"--data-dir", filepath.Join(dir, name), "--listen", "127.0.0.1:0", "--cluster-secret-file", secret); err != nil {
 			return nil, err
 		}
-		procs = append([]*fleetProc{p}, procs...)
-		c := NewClient(p.addr["control"], key)
-		defer c.Close()
-		clients = append(clients, c)
+		st.clients = append(st.clients, NewClient(p.addr["control"], key))
 	}
-	if err := waitNodesTemplate(ctx, clients[0], cfg.Nodes); err != nil {
-		return nil, err
-	}
-	return runLevels(ctx, cfg, "fleet", clients, procs, pg.pid)
+	return st, waitNodesTemplate(ctx, st.clients[0], cfg.Nodes)
 }
 
-// runLevels runs every concurrency level against clients (round robin).
-func runLevels(ctx context.Context, cfg FleetConfig, setup string, clients []*Client, procs []*fleetProc, pgPID int) ([]FleetLevel, error) {
-	var out []FleetLevel
-	// A short warm-up: first sandboxes pay one-time costs (caches, pools).
-	if _, err := runLevel(ctx, cfg, clients, 2, 4, procs, pgPID); err != nil {
-		return out, err
-	}
-	for _, n := range cfg.Clients {
-		cycles := max(cfg.Cycles*n, cfg.MinCycles)
-		cfg.Progress("%s: %d clients, %d cycles", setup, n, cycles)
-		l, err := runLevel(ctx, cfg, clients, n, cycles, procs, pgPID)
-		if err != nil {
-			return out, err
-		}
-		cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.0f ms/cycle",
-			setup, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
-		out = append(out, l)
-	}
-	return out, nil
-}
-
-func runLevel(ctx context.Context, cfg FleetConfig, clients []*Client, conc, cycles int, procs []*fleetProc, pgPID int) (FleetLevel, error) {
+func runLevel(ctx context.Context, cfg FleetConfig, st *setup, conc, cycles int) (FleetLevel, error) {
+	clients, procs, pgPID := st.clients, st.procs, st.pgPID
 	l := FleetLevel{Clients: conc, Cycles: cycles}
 	var mu sync.Mutex
 	var firsts []time.Duration

@@ -190,3 +190,34 @@ func noRoom(sb core.Sandbox, full []string) error {
 }
 
 func gib(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+
+// nodeCacheTTL bounds how old the registry a replica places and routes
+// with may be. A heartbeat comes every second or so and the placement view
+// adds this replica's own changes, so a quarter second costs nothing in
+// accuracy and saves a query on every create, start, stop and session.
+const nodeCacheTTL = 250 * time.Millisecond
+
+// listNodes returns the registry, read at most nodeCacheTTL ago.
+func (r *Remote) listNodes(ctx context.Context) ([]core.NodeRecord, error) {
+	r.cacheMu.Lock()
+	defer r.cacheMu.Unlock()
+	if r.cache != nil && time.Since(r.cacheAt) < r.o.NodeCacheTTL {
+		return r.cache, nil
+	}
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.cache, r.cacheAt = nodes, time.Now()
+	return nodes, nil
+}
+
+// dropNodeCache forgets the cached registry and reports whether there was
+// one (so a refusal made on it is worth checking again).
+func (r *Remote) dropNodeCache() bool {
+	r.cacheMu.Lock()
+	defer r.cacheMu.Unlock()
+	had := r.cache != nil
+	r.cache = nil
+	return had
+}

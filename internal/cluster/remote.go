@@ -29,6 +29,9 @@ type RemoteOptions struct {
 	HTTP        *http.Client
 	Logf        func(string, ...any)
 	Now         func() time.Time
+	// NodeCacheTTL: how old the registry used to place and route may be
+	// (0: 250 ms; negative: read it every time).
+	NodeCacheTTL time.Duration
 }
 
 // Remote is core.Runtime over `space node` processes: a scheduler places
@@ -42,6 +45,10 @@ type Remote struct {
 	mu       sync.Mutex
 	clients  map[string]*Client
 	reserved map[string][]pending // node → changes not yet in its heartbeat (placement.go)
+
+	cacheMu sync.Mutex
+	cache   []core.NodeRecord // the registry as last read (listNodes)
+	cacheAt time.Time
 }
 
 var (
@@ -64,6 +71,9 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.NodeCacheTTL == 0 {
+		o.NodeCacheTTL = nodeCacheTTL
 	}
 	if o.HTTP == nil {
 		o.HTTP = &http.Client{Timeout: 5 * time.Minute}
@@ -112,10 +122,19 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 	return r.place(ctx, sb, pc)
 }
 
-// place chooses a node for sb under pc and reserves its capacity there.
+// place chooses a node for sb under pc and reserves its capacity there;
+// a refusal made on a cached registry is checked against a fresh one.
 func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
+	node, err := r.placeIn(ctx, sb, pc)
+	if err != nil && r.dropNodeCache() {
+		node, err = r.placeIn(ctx, sb, pc)
+	}
+	return node, err
+}
+
+func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
 	pinned := pc.pinned
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -191,9 +210,17 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 }
 
 // client returns the client of a node; ErrNotFound when it has no record,
-// errNodeLost when it is marked lost.
+// errNodeLost when it is marked lost (both checked on a fresh registry).
 func (r *Remote) client(ctx context.Context, name string) (*Client, error) {
-	nodes, err := r.ns.ListNodes(ctx)
+	c, err := r.clientIn(ctx, name)
+	if err != nil && r.dropNodeCache() {
+		c, err = r.clientIn(ctx, name)
+	}
+	return c, err
+}
+
+func (r *Remote) clientIn(ctx context.Context, name string) (*Client, error) {
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -309,9 +336,18 @@ func (r *Remote) AdoptSandbox(ctx context.Context, sb core.Sandbox) error { retu
 // Sweep implements core.Runtime: nodes sweep their own hosts.
 func (r *Remote) Sweep(ctx context.Context, keep map[string]bool) error { return nil }
 
-// HasTemplate implements core.Runtime: some ready node has the template.
+// HasTemplate implements core.Runtime: some ready node has the template
+// (a refusal is checked on a fresh registry).
 func (r *Remote) HasTemplate(ctx context.Context, name string) error {
-	nodes, err := r.ns.ListNodes(ctx)
+	err := r.hasTemplateIn(ctx, name)
+	if err != nil && r.dropNodeCache() {
+		err = r.hasTemplateIn(ctx, name)
+	}
+	return err
+}
+
+func (r *Remote) hasTemplateIn(ctx context.Context, name string) error {
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return err
 	}
@@ -364,7 +400,7 @@ func (r *Remote) DataURL(sb core.Sandbox) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return ""
 	}

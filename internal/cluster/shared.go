@@ -37,7 +37,7 @@ func (r *Remote) snapshotConstraint(ctx context.Context, node string) (placeCons
 }
 
 func (r *Remote) nodeRecord(ctx context.Context, name string) (core.NodeRecord, bool, error) {
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return core.NodeRecord{}, false, err
 	}
