@@ -286,7 +286,8 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		r.unreserve(sb.Node, sb.ID)
 		return core.Placement{}, err
 	}
-	progress(10, "starting on node "+sb.Node)
+	// No progress save of its own: the record names the node, and each
+	// save is a write and an event in the shared store.
 	gctx, gens := withGenSink(ctx)
 	pl, err := c.StartSandbox(gctx, sb, creds...)
 	if err != nil {
