@@ -392,6 +392,9 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	op := s.engine.NewOperation(projectID, kind, sb.ID)
 	op.Fingerprint = fp
 	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
+	if rel, ok := s.runtime.(PlacementReleaser); ok && sb.Node != "" && (err != nil || !created) {
+		rel.ReleasePlacement(sb.Node, sb.ID)
+	}
 	if err != nil {
 		return Sandbox{}, Operation{}, err
 	}

@@ -490,7 +490,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
-	drv, driverReason, err := pickDriver(cfg, cfg.Logf, s.net)
+	drv, driverReason, err := pickDataDirDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
 	}
