@@ -132,7 +132,8 @@ func claimHost(cfg Config) (*os.File, error) {
 		return nil, fmt.Errorf("netns: claim %s: %w", mine, err)
 	}
 	b, _ := json.Marshal(me)
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt(b, 0)
 	}
 	if err != nil {
