@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/space-sandbox/space/internal/template"
+	"github.com/space-sandbox/space/internal/version"
 	"github.com/space-sandbox/space/pkg/client"
 )
 
@@ -35,21 +37,33 @@ type clientCLI struct {
 func newClientFlags(name string) (*flag.FlagSet, *clientCLI) {
 	c := &clientCLI{out: os.Stdout, errOut: os.Stderr}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	def := os.Getenv("SPACE_URL")
-	if def == "" {
-		def = "http://127.0.0.1:7070"
-	}
-	fs.StringVar(&c.url, "url", def, "control API URL (env SPACE_URL)")
-	fs.StringVar(&c.apiKey, "api-key", os.Getenv("SPACE_API_KEY"), "API key (env SPACE_API_KEY)")
+	// The defaults shown by -h and after a flag error are constants: the
+	// environment is read only when the client is made, so neither the
+	// key nor a URL with credentials in it ever reaches a help text.
+	fs.StringVar(&c.url, "url", "", "control API URL (default $SPACE_URL, else "+defaultURL+")")
+	fs.StringVar(&c.apiKey, "api-key", "", "API key (default $SPACE_API_KEY; prefer the variable: a flag shows in ps)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of tables")
 	return fs, c
 }
 
-func (c *clientCLI) client() (*client.Client, error) {
-	if c.apiKey == "" {
-		return nil, errors.New("no API key: pass --api-key or set SPACE_API_KEY (create one with `space keys create`)")
+const defaultURL = "http://127.0.0.1:7070"
+
+// resolve fills the URL and key from the environment when no flag gave them.
+func (c *clientCLI) resolve() {
+	if c.url == "" {
+		c.url = cmp.Or(os.Getenv("SPACE_URL"), defaultURL)
 	}
-	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version)), nil
+	if c.apiKey == "" {
+		c.apiKey = os.Getenv("SPACE_API_KEY")
+	}
+}
+
+func (c *clientCLI) client() (*client.Client, error) {
+	c.resolve()
+	if c.apiKey == "" {
+		return nil, errors.New("no API key: set SPACE_API_KEY (or pass --api-key); create one with `space keys create --data-dir DIR` on the server machine")
+	}
+	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version.Version)), nil
 }
 
 func (c *clientCLI) printJSON(v any) error { return printJSONTo(c.out, v) }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/space-sandbox/space/internal/version"
 )
 
 // Exit statuses scripts can rely on (docs/cli.md): 0 success, 1 an error
@@ -37,15 +39,41 @@ func reportError(err error) int {
 	return code
 }
 
-// runVersion prints the version, as {"version": …} with --json.
+// runVersion prints the version and commit, as {"version", "commit"} with
+// --json; --server also asks the server (GET /v1/info) which build it runs.
 func runVersion(args []string) error {
-	switch {
-	case len(args) == 0:
-		fmt.Println(version)
-	case len(args) == 1 && (args[0] == "--json" || args[0] == "-json"):
-		return printJSONTo(os.Stdout, map[string]string{"version": version})
-	default:
-		return usagef("usage: space version [--json]")
+	fs, cl := newClientFlags("version")
+	server := fs.Bool("server", false, "also show the server's version and commit (GET /v1/info)")
+	pos, err := parseClientArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("usage: space version [--json] [--server]")
+	}
+	out := map[string]any{"client": version.Get()}
+	if *server {
+		c, err := cl.client()
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		out["server"] = info
+	}
+	if cl.json {
+		if !*server {
+			return cl.printJSON(version.Get())
+		}
+		return cl.printJSON(out)
+	}
+	fmt.Fprintln(cl.out, version.Get())
+	if *server {
+		fmt.Fprintf(cl.out, "server: %s\n", out["server"])
 	}
 	return nil
 }

@@ -26,11 +26,9 @@ func commands() []command {
 		{"doctor", "report what this host offers (KVM, runsc, cgroups, nftables, quotas, …) and the driver auto picks", runDoctor},
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
 		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},
-		{"version", "print the version (--json: as JSON)", runVersion},
+		{"version", "print the version and commit (--json: as JSON)", runVersion},
 	}
 }
-
-const version = "0.1.0"
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: space <command> [flags]\n\ncommands:")

@@ -31,7 +31,7 @@ func runNode(args []string) error {
 	var nc server.NodeConfig
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.StringVar(&cfg.NodeName, "name", "", "this node's name, unique in the cluster (required)")
-	fs.StringVar(&cfg.Store, "store", storeDefault(), "the store the servers share: a postgres:// DSN (default $SPACE_STORE)")
+	fs.StringVar(&cfg.Store, "store", "", "the store the servers share: a postgres:// DSN (default $SPACE_STORE)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (templates, sandboxes, logs, snapshots)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
@@ -61,6 +61,7 @@ func runNode(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return usageErr(helpOK(err))
 	}
+	cfg.Store = storeOrDefault(cfg.Store)
 	if err := lg.apply(&cfg); err != nil {
 		return err
 	}
