@@ -54,3 +54,35 @@ func TestNoSecretInHelpOrErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysRefuseMissingStore: a key made in a directory that holds no
+// store is useless (the server answers 401), so `space keys create`
+// refuses one and says what to do; --init creates the store on purpose.
+func TestKeysRefuseMissingStore(t *testing.T) {
+	bin := buildCLI(t)
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "keys", "create", "--data-dir", dir)
+	cmd.Env = append(os.Environ(), "SPACE_STORE=")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "no SPACE store at "+dir+"/space.db") || !strings.Contains(string(out), "--init") {
+		t.Fatalf("keys create in an empty dir: %v %q", err, out)
+	}
+	if _, err := os.Stat(dir + "/space.db"); err == nil {
+		t.Fatal("keys create made a store without --init")
+	}
+	cmd = exec.Command(bin, "keys", "create", "--init", "--data-dir", dir)
+	cmd.Env = append(os.Environ(), "SPACE_STORE=")
+	if out, err := cmd.Output(); err != nil || !strings.HasPrefix(string(out), "space_") {
+		t.Fatalf("keys create --init: %v %q", err, out)
+	}
+	cmd = exec.Command(bin, "keys", "list", "--data-dir", dir)
+	cmd.Env = append(os.Environ(), "SPACE_STORE=")
+	if out, err := cmd.Output(); err != nil || strings.Count(string(out), "\n") != 2 {
+		t.Fatalf("keys list after --init: %v %q", err, out)
+	}
+	for _, args := range [][]string{{"keys", "help"}, {"keys", "--help"}} {
+		if out, err := exec.Command(bin, args...).Output(); err != nil || !strings.Contains(string(out), "revoke KEY_ID") {
+			t.Errorf("space %v: %v %q", args, err, out)
+		}
+	}
+}
