@@ -87,7 +87,9 @@ func notYet(doc string) []string {
 func TestDocClaims(t *testing.T) {
 	docs := readDocs(t)
 	help := serverHelp(t)
-	hasFlag := func(name string) bool { return strings.Contains(help, "  -"+name+" ") || strings.Contains(help, "  -"+name+"\n") }
+	hasFlag := func(name string) bool {
+		return strings.Contains(help, "  -"+name+" ") || strings.Contains(help, "  -"+name+"\n")
+	}
 	diskLimits := hasFlag("max-disk-bytes") && hasFlag("default-disk-bytes")
 	if !hasFlag("max-output-bytes") {
 		t.Fatalf("space server -h has no --max-output-bytes; update this test and the docs")

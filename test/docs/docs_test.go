@@ -346,14 +346,7 @@ func TestDocs(t *testing.T) {
 // every flag `space server -h` prints. Needs no root.
 func TestConfigurationListsEveryFlag(t *testing.T) {
 	root := testenv.RepoRoot()
-	bin := filepath.Join(t.TempDir(), "space")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/space")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	help, _ := exec.Command(bin, "server", "-h").CombinedOutput() // exits 1 after printing
+	help := serverHelp(t)
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)
