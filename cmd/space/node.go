@@ -58,8 +58,11 @@ func runNode(args []string) error {
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	eg := egressFlags(fs)
 	lg := logFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	cfg.Store = storeOrDefault(cfg.Store)
 	if err := lg.apply(&cfg); err != nil {

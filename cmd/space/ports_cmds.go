@@ -16,7 +16,7 @@ import (
 func sandboxPorts(args []string) error {
 	fs, cl := newClientFlags("sandbox ports")
 	wait := fs.Int("wait", 0, "wait until something listens on this port, then list")
-	timeout := fs.Duration("timeout", time.Minute, "with --wait: give up after this long")
+	timeout := durationVar(fs, "timeout", time.Minute, "with --wait: give up after this long")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -76,7 +76,7 @@ func sandboxPorts(args []string) error {
 func sandboxURL(args []string) error {
 	fs, cl := newClientFlags("sandbox url")
 	signed := fs.Bool("signed", false, "a URL carrying a port token: opens this port (only) with no other credential")
-	ttl := fs.Duration("ttl", time.Hour, "with --signed: how long the URL works (at most 168h)")
+	ttl := durationVar(fs, "ttl", time.Hour, "with --signed: how long the URL works (at most 168h)")
 	path := fs.Bool("path", false, "the path form under the data plane URL (no wildcard DNS needed) instead of PORT-ID.DOMAIN")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {

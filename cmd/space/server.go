@@ -70,8 +70,11 @@ func runServer(args []string) error {
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
 	fs.DurationVar(&cfg.Retention, "retention", cfg.Retention, "prune ended sandboxes, finished operations and events older than this from the store (0 = keep them forever; snapshots are never pruned)")
 	lg := logFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	cfg.Store = storeOrDefault(cfg.Store)
 	if cfg.Retention < 0 {
