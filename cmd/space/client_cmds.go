@@ -334,7 +334,7 @@ verbs:
   pause  ID [--wait=true]     freeze every process; the data plane refuses calls until resume
   resume ID [--wait=true]     resume a paused or hibernated sandbox
   hibernate ID [--wait=true]  snapshot, release the instance; resume starts it again
-  rm     ID... [--wait]
+  rm     ID... | --all [--wait]   (--all: every live sandbox of the key's project)
   timeout ID DURATION         delete (or hibernate) it DURATION from now, e.g. 30m; 0: never
   session ID                  print a fresh session token (X-Access-Token for the data plane and ports)
   network ID --network MODE [--allow RULE]... [--preset NAME]...   replace its egress policy
@@ -607,19 +607,34 @@ func writeFields(out io.Writer, rows [][2]string) error {
 func sandboxRemove(args []string) error {
 	fs, cl := newClientFlags("sandbox rm")
 	wait := fs.Bool("wait", false, "wait until the sandboxes are gone")
+	all := fs.Bool("all", false, "every live sandbox of the key's project (creating, running, paused, hibernated)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 {
-		return usagef("usage: space sandbox rm ID... [--wait]")
+	if len(pos) == 0 && !*all || len(pos) > 0 && *all {
+		return usagef("usage: space sandbox rm ID... | --all  [--wait]")
 	}
-	c, err := cl.client()
+	c, ctx, stop, err := cl.connect()
 	if err != nil {
 		return err
 	}
-	ctx, stop := signalContext()
 	defer stop()
+	if *all {
+		for sb, err := range c.AllSandboxes(ctx, client.ListOptions{State: []string{"creating", "running", "paused", "hibernated"}}) {
+			if err != nil {
+				return err
+			}
+			pos = append(pos, sb.ID)
+		}
+		if len(pos) == 0 {
+			if cl.json {
+				return cl.printJSON(map[string]any{"operations": []client.Operation{}})
+			}
+			fmt.Fprintln(cl.errOut, "no sandboxes to delete")
+			return nil
+		}
+	}
 	// Like docker rm: every id is tried; the failures are reported and
 	// make the exit status 1.
 	var ops []client.Operation
@@ -644,7 +659,7 @@ func sandboxRemove(args []string) error {
 		}
 	}
 	if cl.json {
-		if len(pos) == 1 && len(ops) == 1 {
+		if len(pos) == 1 && len(ops) == 1 && !*all {
 			return cl.printJSON(ops[0])
 		}
 		if ops == nil {

@@ -42,7 +42,7 @@ var completionTable = map[string]completionVerb{
 	"sandbox pause":     {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox resume":    {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox hibernate": {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
-	"sandbox rm":        {client: true, ids: "sandboxes", flags: []string{"--wait"}},
+	"sandbox rm":        {client: true, ids: "sandboxes", flags: []string{"--wait", "--all"}},
 	"snapshot create":   {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"snapshot list":     {client: true, flags: []string{"--sandbox"}},
 	"snapshot get":      {client: true, ids: "snapshots"},

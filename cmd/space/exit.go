@@ -115,7 +115,8 @@ func runVersion(args []string) error {
 	}
 	fmt.Fprintln(cl.out, version.Get())
 	if *server {
-		fmt.Fprintf(cl.out, "server: %s\n", out["server"])
+		si := out["server"].(client.ServerInfo)
+		fmt.Fprintf(cl.out, "server: %s, driver %s\n", version.Info{Version: si.Version, Commit: si.Commit}, si.Driver)
 	}
 	return nil
 }

@@ -203,6 +203,18 @@ func TestSessionTimeoutAndPolicyFlags(t *testing.T) {
 		t.Fatalf("rm with several ids: %d %q %q", code, out, errOut)
 	}
 
+	// rm --all deletes every live sandbox of the project.
+	c1, c2 := newSandbox(t), newSandbox(t)
+	if out, errOut, code = space(t, "sandbox", "rm", "--all", "--wait"); code != 0 || !strings.Contains(out, "deleted "+c1) || !strings.Contains(out, "deleted "+c2) {
+		t.Fatalf("rm --all: %d %q %q", code, out, errOut)
+	}
+	if out, _, _ = space(t, "sandbox", "list", "--state", "running", "--json"); strings.Contains(out, "sbx-") {
+		t.Fatalf("sandboxes left after rm --all: %s", out)
+	}
+	if _, _, code = space(t, "sandbox", "rm", "--all", c1); code != 2 {
+		t.Fatalf("rm --all with an id: exit %d, want 2", code)
+	}
+
 	// version --server names the server's build.
 	out, errOut, code = space(t, "version", "--server", "--json")
 	var v struct {
