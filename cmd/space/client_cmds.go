@@ -1238,6 +1238,9 @@ verbs:
   get   ID [--wait 30s]   show an operation; --wait holds until it is done (at most 60s)
   watch ID                follow an operation until it is done; exits 1 if it failed
 
+The API lists no operations; space events follows every operation and
+sandbox state change of the project (--after 0: the retained history).
+
 every verb takes --url, --api-key and --json`
 
 func runOps(args []string) error {

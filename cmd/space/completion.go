@@ -58,6 +58,7 @@ var completionTable = map[string]completionVerb{
 		"--dir", "--tar", "--image", "--archive", "--data-dir", "--uid-base", "-f", "--file", "-t", "--tag", "--no-context", "--logs", "--public"}},
 	"ops get":     {client: true, flags: []string{"--wait"}},
 	"ops watch":   {client: true},
+	"events":      {client: true, flags: []string{"--after", "--sandbox"}},
 	"logs":        {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},
 	"keys create": {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--init", "--json"}},
 	"keys list":   {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--init", "--json"}},
@@ -83,6 +84,7 @@ var completionTable = map[string]completionVerb{
 // verb: fixed words, or "@templates" for the server's template names.
 var flagValues = map[string]string{
 	"--template":   "@templates",
+	"--sandbox":    "@sandboxes",
 	"--network":    "blocked allowlist open",
 	"--on-timeout": "delete hibernate",
 	"--preset":     "debian pypi npm goproxy",

@@ -24,6 +24,7 @@ func commands() []command {
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},
 		{"template", "templates: list|get|build|tag|delete|logs|gc", runTemplate},
 		{"ops", "operations: get|watch", runOps},
+		{"events", "follow the project's lifecycle events: operations and sandbox states (like docker events)", runEvents},
 		{"doctor", "report what this host offers (KVM, runsc, cgroups, nftables, quotas, …) and the driver auto picks", runDoctor},
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
 		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -224,4 +227,36 @@ func TestSessionTimeoutAndPolicyFlags(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.Server.Version == "" || v.Server.Version != v.Client.Version {
 		t.Fatalf("version --server: %d %q %s", code, out, errOut)
 	}
+}
+
+// TestEvents follows the project's lifecycle events while a sandbox is
+// created: its create operation and its running state show up.
+func TestEvents(t *testing.T) {
+	srv, key := cliSrv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, srv.Bin, "events")
+	cmd.Env = append(os.Environ(), "SPACE_URL="+srv.Ctrl, "SPACE_API_KEY="+key)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); cmd.Wait() }()
+	id := newSandbox(t)
+	want := map[string]bool{"sandbox.create " + id + ": succeeded 100%": false, id + " is running": false}
+	sc := bufio.NewScanner(stdout)
+	var seen []string
+	for sc.Scan() {
+		seen = append(seen, sc.Text())
+		for w := range want {
+			want[w] = want[w] || strings.Contains(sc.Text(), w)
+		}
+		if want["sandbox.create "+id+": succeeded 100%"] && want[id+" is running"] {
+			return
+		}
+	}
+	t.Fatalf("space events never showed %v; it printed:\n%s", want, strings.Join(seen, "\n"))
 }
