@@ -1,8 +1,10 @@
 package core
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -67,6 +69,29 @@ type CreateRequest struct {
 	AutoResume bool `json:"auto_resume,omitempty"`
 	// PublicPorts: forwarded ports need no token (see Sandbox.PublicPorts).
 	PublicPorts bool `json:"public_ports,omitempty"`
+
+	// emptyTemplate: the client sent "template": "" (refused), which
+	// decoding cannot tell from leaving it out (the default).
+	emptyTemplate bool
+}
+
+// UnmarshalJSON decodes a create request and notes an empty template name.
+func (r *CreateRequest) UnmarshalJSON(b []byte) error {
+	type plain CreateRequest
+	var probe struct {
+		Template *string `json:"template"`
+	}
+	// Strict, as the API's decoder is: an unknown field is an error.
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode((*plain)(r)); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return err
+	}
+	r.emptyTemplate = probe.Template != nil && *probe.Template == ""
+	return nil
 }
 
 // NetworkRuntime is implemented by runtimes with an egress gateway.
@@ -162,6 +187,9 @@ func bytesRange(lo, hi int64) string {
 }
 
 func (s *Service) validate(req *CreateRequest) error {
+	if req.emptyTemplate {
+		return invalid(`template must not be empty (leave it out for the default, "base")`)
+	}
 	if req.Template == "" {
 		req.Template = "base"
 	}
@@ -221,6 +249,9 @@ func (s *Service) validate(req *CreateRequest) error {
 	}
 	if l.DiskBytes > 0 && def.DiskBytes == 0 && mx.DiskBytes == 0 {
 		return invalid("disk_bytes: this server does not limit disks (its operator turns that on with --default-disk-bytes or --max-disk-bytes)")
+	}
+	if l.DiskBytes%(1<<20) != 0 {
+		return invalid("disk_bytes must be a whole number of MiB (a multiple of 1048576); %d is not", l.DiskBytes)
 	}
 	if l.DiskBytes < 0 || l.DiskBytes != 0 && l.DiskBytes < MinDiskBytes || mx.DiskBytes > 0 && l.DiskBytes > mx.DiskBytes {
 		return invalid("disk_bytes %d: %s", l.DiskBytes, bytesRange(MinDiskBytes, mx.DiskBytes))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"net"
 	"net/http"
 	"os"
@@ -204,6 +205,14 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = DefaultConfig().Logf
 	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
 	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {
 		return nil, err
@@ -242,7 +251,14 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			p.closeAll(context.Background())
+			left := 0
+			if p.node != nil {
+				left = p.node.Count()
+			}
+			tidyHost(p.cfg, left, p.net)
 		}
 	}()
 	var err error
@@ -369,7 +385,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil, nil)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}
