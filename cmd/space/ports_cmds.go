@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -132,6 +133,13 @@ func sandboxURL(args []string) error {
 		fmt.Fprintln(cl.out, pathURL)
 	} else {
 		fmt.Fprintln(cl.out, host)
+	}
+	// Without public ports the URL answers 401 to a bare request: say
+	// what opens it (on a terminal only, so scripts get the URL alone).
+	if isTerminal(os.Stderr) {
+		if sb, err := c.GetSandbox(ctx, pos[0]); err == nil && !sb.PublicPorts {
+			fmt.Fprintf(cl.errOut, "(private: send X-Access-Token: $(space sandbox session %s), or use --signed for a browser)\n", pos[0])
+		}
 	}
 	return nil
 }
