@@ -176,6 +176,16 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalid)
 }
 
+// bytesRange words a byte limit's bounds in one unit, MiB, with the
+// maximum's exact byte count: "must be between 16 MiB and 8192 MiB
+// (8589934592 bytes)", or "must be at least 16 MiB" without a maximum.
+func bytesRange(lo, hi int64) string {
+	if hi <= 0 {
+		return fmt.Sprintf("must be at least %d MiB (%d bytes)", lo>>20, lo)
+	}
+	return fmt.Sprintf("must be between %d MiB and %d MiB (%d to %d bytes)", lo>>20, hi>>20, lo, hi)
+}
+
 func (s *Service) validate(req *CreateRequest) error {
 	if req.emptyTemplate {
 		return invalid(`template must not be empty (leave it out for the default, "base")`)
@@ -229,7 +239,7 @@ func (s *Service) validate(req *CreateRequest) error {
 		l.DiskBytes = cmp.Or(def.DiskBytes, mx.DiskBytes)
 	}
 	if l.MemoryBytes < 0 || l.MemoryBytes != 0 && l.MemoryBytes < 16<<20 || mx.MemoryBytes > 0 && l.MemoryBytes > mx.MemoryBytes {
-		return invalid("memory_bytes must be between 16 MiB and %d", mx.MemoryBytes)
+		return invalid("memory_bytes %d: %s", l.MemoryBytes, bytesRange(16<<20, mx.MemoryBytes))
 	}
 	if l.CPUMillis < 0 || l.CPUMillis != 0 && l.CPUMillis < 10 || mx.CPUMillis > 0 && l.CPUMillis > mx.CPUMillis {
 		return invalid("cpu_millis must be between 10 and %d", mx.CPUMillis)
@@ -244,7 +254,7 @@ func (s *Service) validate(req *CreateRequest) error {
 		return invalid("disk_bytes must be a whole number of MiB (a multiple of 1048576); %d is not", l.DiskBytes)
 	}
 	if l.DiskBytes < 0 || l.DiskBytes != 0 && l.DiskBytes < MinDiskBytes || mx.DiskBytes > 0 && l.DiskBytes > mx.DiskBytes {
-		return invalid("disk_bytes must be between 16 MiB and %d", mx.DiskBytes)
+		return invalid("disk_bytes %d: %s", l.DiskBytes, bytesRange(MinDiskBytes, mx.DiskBytes))
 	}
 	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
 		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
