@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"net"
 	"net/http"
 	"os"
@@ -87,6 +88,37 @@ type trackedRuntime struct {
 
 	mu   sync.Mutex
 	live map[string]core.Limits
+	// gen numbers the committed set (cluster.Generations): bumped on every
+	// change, from the node's start time in nanoseconds so that a
+	// restarted node is ahead of what its previous process reported;
+	// added says at which generation each live sandbox came.
+	gen   uint64
+	added map[string]uint64
+}
+
+var _ cluster.Generations = (*trackedRuntime)(nil)
+
+// Generation implements cluster.Generations.
+func (t *trackedRuntime) Generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gen
+}
+
+// AddedAt implements cluster.Generations.
+func (t *trackedRuntime) AddedAt(id string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.added[id]
+}
+
+// commit records id's limits (t.mu held).
+func (t *trackedRuntime) commit(id string, l core.Limits) {
+	if _, ok := t.live[id]; !ok {
+		t.gen++
+		t.added[id] = t.gen
+	}
+	t.live[id] = l
 }
 
 func (t *trackedRuntime) reserve(sb core.Sandbox) error {
@@ -95,13 +127,17 @@ func (t *trackedRuntime) reserve(sb core.Sandbox) error {
 	if _, ok := t.live[sb.ID]; !ok && t.max > 0 && len(t.live) >= t.max {
 		return fmt.Errorf("node runs %d sandboxes, its maximum: %w", len(t.live), core.ErrExhausted)
 	}
-	t.live[sb.ID] = sb.Limits
+	t.commit(sb.ID, sb.Limits)
 	return nil
 }
 
 func (t *trackedRuntime) release(id string) {
 	t.mu.Lock()
-	delete(t.live, id)
+	if _, ok := t.live[id]; ok {
+		t.gen++
+		delete(t.live, id)
+		delete(t.added, id)
+	}
 	t.mu.Unlock()
 }
 
@@ -166,12 +202,12 @@ func (t *trackedRuntime) AdoptSandbox(ctx context.Context, sb core.Sandbox) erro
 	}
 	t.reattachNetwork(ctx, sb)
 	t.mu.Lock()
-	t.live[sb.ID] = sb.Limits
+	t.commit(sb.ID, sb.Limits)
 	t.mu.Unlock()
 	return nil
 }
 
-func (t *trackedRuntime) usage() (ids []string, cpu, mem int64) {
+func (t *trackedRuntime) usage() (ids []string, cpu, mem int64, gen uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, l := range t.live {
@@ -179,7 +215,7 @@ func (t *trackedRuntime) usage() (ids []string, cpu, mem int64) {
 		cpu += l.CPUMillis
 		mem += l.MemoryBytes
 	}
-	return ids, cpu, mem
+	return ids, cpu, mem, t.gen
 }
 
 // hostMemory reads MemTotal from /proc/meminfo (0 if unknown).
@@ -203,6 +239,14 @@ func hostMemory() int64 {
 func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, error) {
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = DefaultConfig().Logf
+	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
 	}
 	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {
@@ -242,7 +286,14 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			p.closeAll(context.Background())
+			left := 0
+			if p.node != nil {
+				left = p.node.Count()
+			}
+			tidyHost(p.cfg, left, p.net)
 		}
 	}()
 	var err error
@@ -272,7 +323,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
-	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
+	drv, _, err := pickDataDirDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +361,8 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	broker := core.NewBroker(p.store, time.Now)
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.engine.SetLogger(cfg.Logger)
-	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{}}
+	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{},
+		gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
 	}
@@ -369,7 +421,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil, nil)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}
@@ -417,11 +469,11 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 			names = append(names, t.Name)
 		}
 	}
-	ids, cpu, mem := p.rt.usage()
+	ids, cpu, mem, gen := p.rt.usage()
 	prev, err := p.ns.PutNode(ctx, core.NodeRecord{Name: p.cfg.NodeName, Kind: core.NodeKindNode,
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
-		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Templates: names,
+		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Generation: gen, Templates: names,
 		SnapshotStore: p.snapStore, Egress: p.net != nil, EgressRanges: p.ranges, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err
@@ -464,7 +516,7 @@ func (p *NodeProcess) run(ctx context.Context) {
 			p.cfg.Logf("heartbeat: %v", err)
 		}
 		if n++; n%30 == 0 {
-			ids, _, _ := p.rt.usage()
+			ids, _, _, _ := p.rt.usage()
 			p.resync(ctx, ids)
 		}
 	}
