@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
@@ -26,6 +27,8 @@ type Instance struct {
 	group  *cgroups.Group
 	timing driver.Timing
 	done   <-chan struct{}
+
+	guardKills atomic.Uint64 // commands killed by the memory guard (memguard.go)
 
 	mu        sync.Mutex
 	destroyed bool
@@ -54,6 +57,7 @@ func (i *Instance) watch() error {
 		return fmt.Errorf("gvisor: %s: %w", i.id, err)
 	}
 	i.done = done
+	go i.guardMemory(done)
 	return nil
 }
 
@@ -92,9 +96,12 @@ func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
 }
 
 // OOMKills implements driver.Instance: host OOM kills in the sandbox's
-// cgroup (each one kills the sandbox). Kills of processes by the sentry's
-// own memory accounting are not counted.
-func (i *Instance) OOMKills() (uint64, error) { return i.group.OOMKills() }
+// cgroup (each one kills the sandbox) plus the memory guard's kills of the
+// commands (memguard.go).
+func (i *Instance) OOMKills() (uint64, error) {
+	n, err := i.group.OOMKills()
+	return n + i.guardKills.Load(), err
+}
 
 // Timing implements driver.Instance.
 func (i *Instance) Timing() driver.Timing { return i.timing }

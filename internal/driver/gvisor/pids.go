@@ -57,24 +57,28 @@ const (
 // cgroup (kernel memory: 149 MB of a 494 MB peak under a fork bomb at the
 // default 512 MiB and 1024 tasks). With the host limit equal to the
 // sandbox's that overhead eats into the sandbox's memory and the host's
-// OOM killer meets it early. So the host limit is the sandbox's plus
-// memoryHeadroom plus memoryPerTask for each task its pids limit allows;
-// the Sentry still reports the sandbox's own limit as its total memory
-// (the spec's limit). gVisor does not itself stop the sandbox's processes
-// at that limit, so a workload that keeps growing still meets the host's
-// OOM killer, which may pick the Sentry (docs/security.md).
+// OOM killer meets it early. So the sandbox's allowance on the host is the
+// sandbox's memory plus memoryHeadroom plus memoryPerTask for each task
+// its pids limit allows; the Sentry still reports the sandbox's own limit
+// as its total memory (the spec's limit). gVisor does not itself stop the
+// sandbox's processes at that limit, so the memory guard (memguard.go)
+// kills the sandbox's commands when the host cgroup passes the allowance,
+// and the host limit adds guardReserve above it: room for what runsc
+// allocates while the guard acts, so the host's OOM killer, which would
+// pick the Sentry, is not reached.
 const (
 	memoryHeadroom = 64 << 20
 	memoryPerTask  = 160 << 10
 )
 
 // hostMemory is the host memory cgroup limit for a sandbox memory limit of
-// m bytes and a pids limit of n tasks.
+// m bytes and a pids limit of n tasks: the guard's allowance
+// (guardThreshold) plus guardReserve.
 func hostMemory(m, n int64) int64 {
 	if m <= 0 {
 		return 0
 	}
-	return m + memoryHeadroom + max(n, 0)*memoryPerTask
+	return m + memoryHeadroom + max(n, 0)*memoryPerTask + guardReserve
 }
 
 // agentCallTimeout bounds one call to the agent.

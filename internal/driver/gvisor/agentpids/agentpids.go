@@ -21,6 +21,10 @@
 //
 //	PUT /v1/limits/pids   body: the limit in decimal ("max": none); 204
 //	GET /v1/limits/pids   pids.max, pids.current, pids.events of the group
+//	POST /v1/limits/pids/kill   SIGKILL every task of the group (cgroup.kill); 204
+//
+// The driver's memory guard uses the kill route when runsc's host memory
+// nears its cgroup's limit, so that the commands end and not the Sentry.
 //
 // Root in the sandbox can write the cgroup files too (the Sentry sees it as
 // root); moving out of the group only lets it exhaust the host limit, which
@@ -45,6 +49,9 @@ import (
 
 // Path is the agent's HTTP route for the limit.
 const Path = "/v1/limits/pids"
+
+// KillPath is the agent's HTTP route that kills the group's tasks.
+const KillPath = Path + "/kill"
 
 // Root is where the spec mounts the Sentry's cgroup2 filesystem.
 const Root = "/sys/fs/cgroup"
@@ -121,6 +128,15 @@ func (g *Group) SetMax(n int64) error {
 	return nil
 }
 
+// Kill sends SIGKILL to every task in the group and its descendants at
+// once (cgroup.kill: forks cannot outrun it).
+func (g *Group) Kill() error {
+	if err := os.WriteFile(filepath.Join(g.dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("agentpids: %w", err)
+	}
+	return nil
+}
+
 // Status is what GET Path answers.
 type Status struct {
 	Max     string `json:"max"`     // pids.max: a number or "max"
@@ -171,12 +187,24 @@ func ParseMax(body string) (int64, error) {
 // cgroup here) answers 501 on Path, so the driver can tell.
 func (g *Group) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != Path {
+		if r.URL.Path != Path && r.URL.Path != KillPath {
 			h.ServeHTTP(w, r)
 			return
 		}
 		if g == nil {
 			http.Error(w, "no in-sandbox pids cgroup", http.StatusNotImplemented)
+			return
+		}
+		if r.URL.Path == KillPath {
+			if r.Method != http.MethodPost {
+				http.Error(w, "POST", http.StatusMethodNotAllowed)
+				return
+			}
+			if err := g.Kill(); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		switch r.Method {

@@ -23,7 +23,7 @@ func TestParseMax(t *testing.T) {
 func TestHandlerWithoutGroup(t *testing.T) {
 	var g *Group
 	h := g.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
-	for path, want := range map[string]int{Path: http.StatusNotImplemented, "/v1/other": http.StatusTeapot} {
+	for path, want := range map[string]int{Path: http.StatusNotImplemented, KillPath: http.StatusNotImplemented, "/v1/other": http.StatusTeapot} {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodPut, path, strings.NewReader("64")))
 		if w.Code != want {

@@ -1,0 +1,85 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
+)
+
+// The memory guard keeps the host's OOM killer away from the Sentry.
+//
+// gVisor does not stop a sandbox's processes at its memory limit, and the
+// Sentry's own memory grows with what the sandbox does: under a fork bomb
+// at the pids limit, every refused fork still copies the forking task's
+// address space in the Sentry before the pids controller refuses it, and
+// the Sentry's heap grew by 2-3 MB/s at pids=64 and 7-10 MB/s at 256 and
+// 1024 (TestIsolationGvisor/fork-bomb-defaults, 2 CPUs), without bound while
+// the bomb runs. When the host cgroup reaches its limit the kernel kills
+// the biggest process in it, the Sentry, and the sandbox is lost.
+//
+// So the driver watches the host cgroup's memory and, when it passes the
+// sandbox's allowance (the host limit less guardReserve, hostMemory), kills
+// every task of the commands' cgroup in the Sentry (agentpids.KillPath,
+// cgroup.kill) as Linux's OOM killer would kill processes and not the
+// kernel: the commands end, reported as OOM kills (Instance.OOMKills), the
+// agent and the sandbox stay. The Sentry then frees the memory (2 s after
+// the kill at pids=64 it was back at its idle size). guardReserve is the
+// room for what runsc allocates while the guard acts: a bomb at the
+// defaults grew the host cgroup by up to 60 MB/s, and the request to the
+// agent goes through a Sentry busy with 1024 tasks on a loaded host; with
+// 64 MiB the host's OOM killer took the Sentry first in one run of two.
+// Root in the sandbox can leave the commands' cgroup and escape the guard;
+// that only loses its own sandbox.
+const (
+	guardInterval = 200 * time.Millisecond
+	guardReserve  = 256 << 20
+	// guardPause: after a kill, the Sentry needs time to free what the
+	// killed tasks held before usage is worth reading again.
+	guardPause = 2 * time.Second
+)
+
+// guardMemory runs until done is closed.
+func (i *Instance) guardMemory(done <-chan struct{}) {
+	t := time.NewTicker(guardInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		st, err := i.group.Stats()
+		if err != nil || st.MemLimitBytes <= 0 || st.MemUsedBytes+guardReserve < st.MemLimitBytes {
+			continue
+		}
+		if err := i.killCommands(); err != nil {
+			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes, killing the commands failed: %v", i.id, st.MemUsedBytes, st.MemLimitBytes, err)
+		} else {
+			i.guardKills.Add(1)
+			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes: killed the sandbox's commands", i.id, st.MemUsedBytes, st.MemLimitBytes)
+		}
+		select {
+		case <-done:
+			return
+		case <-time.After(guardPause):
+		}
+	}
+}
+
+// killCommands kills every task in the commands' cgroup of the Sentry.
+func (i *Instance) killCommands() error {
+	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
+	defer cancel()
+	code, msg, err := i.agentRequest(ctx, http.MethodPost, agentpids.KillPath, "")
+	if err != nil {
+		return err
+	}
+	if code != http.StatusNoContent && code != http.StatusOK {
+		return fmt.Errorf("agent answered %d: %s", code, strings.TrimSpace(msg))
+	}
+	return nil
+}
