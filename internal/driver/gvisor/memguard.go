@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -56,11 +57,15 @@ func (i *Instance) guardMemory(done <-chan struct{}) {
 		if err != nil || st.MemLimitBytes <= 0 || st.MemUsedBytes+guardReserve < st.MemLimitBytes {
 			continue
 		}
-		if err := i.killCommands(); err != nil {
+		switch n, err := i.killCommands(); {
+		case err != nil:
 			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes, killing the commands failed: %v", i.id, st.MemUsedBytes, st.MemLimitBytes, err)
-		} else {
+		case n > 0:
 			i.guardKills.Add(1)
-			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes: killed the sandbox's commands", i.id, st.MemUsedBytes, st.MemLimitBytes)
+			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes: killed the sandbox's commands (%d tasks)", i.id, st.MemUsedBytes, st.MemLimitBytes, n)
+		default:
+			// The memory is not the commands' (root left their cgroup, or
+			// runsc itself): nothing to kill; the host limit decides.
 		}
 		select {
 		case <-done:
@@ -70,16 +75,21 @@ func (i *Instance) guardMemory(done <-chan struct{}) {
 	}
 }
 
-// killCommands kills every task in the commands' cgroup of the Sentry.
-func (i *Instance) killCommands() error {
+// killCommands kills every task in the commands' cgroup of the Sentry and
+// returns how many there were.
+func (i *Instance) killCommands() (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), agentCallTimeout)
 	defer cancel()
 	code, msg, err := i.agentRequest(ctx, http.MethodPost, agentpids.KillPath, "")
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if code != http.StatusNoContent && code != http.StatusOK {
-		return fmt.Errorf("agent answered %d: %s", code, strings.TrimSpace(msg))
+	if code != http.StatusOK {
+		return 0, fmt.Errorf("agent answered %d: %s", code, strings.TrimSpace(msg))
 	}
-	return nil
+	var k agentpids.Killed
+	if err := json.Unmarshal([]byte(msg), &k); err != nil {
+		return 0, fmt.Errorf("agent's answer %q: %w", msg, err)
+	}
+	return k.Killed, nil
 }

@@ -21,7 +21,8 @@
 //
 //	PUT /v1/limits/pids   body: the limit in decimal ("max": none); 204
 //	GET /v1/limits/pids   pids.max, pids.current, pids.events of the group
-//	POST /v1/limits/pids/kill   SIGKILL every task of the group (cgroup.kill); 204
+//	POST /v1/limits/pids/kill   SIGKILL every task of the group (cgroup.kill);
+//	                            answers {"killed": pids.current before}
 //
 // The driver's memory guard uses the kill route when runsc's host memory
 // nears its cgroup's limit, so that the commands end and not the Sentry.
@@ -129,12 +130,25 @@ func (g *Group) SetMax(n int64) error {
 }
 
 // Kill sends SIGKILL to every task in the group and its descendants at
-// once (cgroup.kill: forks cannot outrun it).
-func (g *Group) Kill() error {
-	if err := os.WriteFile(filepath.Join(g.dir, "cgroup.kill"), []byte("1"), 0); err != nil {
-		return fmt.Errorf("agentpids: %w", err)
+// once (cgroup.kill: forks cannot outrun it) and returns how many there
+// were just before.
+func (g *Group) Kill() (int64, error) {
+	s, err := g.Status()
+	if err != nil {
+		return 0, err
 	}
-	return nil
+	if s.Current == 0 {
+		return 0, nil
+	}
+	if err := os.WriteFile(filepath.Join(g.dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		return 0, fmt.Errorf("agentpids: %w", err)
+	}
+	return s.Current, nil
+}
+
+// Killed is what POST KillPath answers.
+type Killed struct {
+	Killed int64 `json:"killed"` // tasks in the group when it was killed
 }
 
 // Status is what GET Path answers.
@@ -200,11 +214,13 @@ func (g *Group) Handler(h http.Handler) http.Handler {
 				http.Error(w, "POST", http.StatusMethodNotAllowed)
 				return
 			}
-			if err := g.Kill(); err != nil {
+			n, err := g.Kill()
+			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			w.WriteHeader(http.StatusNoContent)
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(Killed{Killed: n})
 			return
 		}
 		switch r.Method {
