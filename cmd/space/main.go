@@ -18,6 +18,7 @@ func commands() []command {
 		{"node", "run a node for servers started with --remote-nodes (scale-out)", runNode},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
+		{"certs", "node link certificates from a small CA: init|issue", runCerts},
 		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|pause|resume|hibernate|rm", runSandbox},
 		{"snapshot", "snapshots: create|list|get|rm|fork", runSnapshot},
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},

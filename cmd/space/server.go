@@ -59,6 +59,7 @@ func runServer(args []string) error {
 	eg := egressFlags(fs)
 	fs.BoolVar(&cfg.RemoteNodes, "remote-nodes", false, "run no node here: place sandboxes on registered space node processes (needs --cluster-secret-file or $SPACE_CLUSTER_SECRET)")
 	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret that signs node requests (with --remote-nodes; default $SPACE_CLUSTER_SECRET)")
+	link := clusterLinkFlags(fs)
 	fs.DurationVar(&cfg.NodeTimeout, "node-timeout", 15*time.Second, "with --remote-nodes: a node or server replica silent this long is marked lost")
 	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
@@ -83,6 +84,9 @@ func runServer(args []string) error {
 			return err
 		}
 		cfg.ClusterSecret = secret
+		cfg.ClusterTLS, cfg.ClusterPlaintext = link.files(), link.plaintext
+	} else if !link.files().Empty() || link.plaintext {
+		return usagef("--cluster-tls-dir, --cluster-cert, --cluster-key, --cluster-ca and --cluster-plaintext are for --remote-nodes")
 	}
 	if err := eg.apply(&cfg); err != nil {
 		return err

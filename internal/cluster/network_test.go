@@ -87,7 +87,7 @@ func TestNetworkRPC(t *testing.T) {
 		}
 		return out, nil
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Credentials: resolver})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Credentials: resolver})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestNetworkRPC(t *testing.T) {
 	}
 	// Without a resolver, a policy with credentials is refused (503),
 	// nothing reaches the node.
-	r0, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil)})
+	r0, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}})
 	if err := r0.SetNetworkPolicy(ctx, sb, p2); !errors.Is(err, core.ErrUnavailable) {
 		t.Fatalf("no resolver: %v", err)
 	}
@@ -167,7 +167,7 @@ func TestPlaceEgress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: 5 * time.Second})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,9 +26,13 @@ type RemoteOptions struct {
 	// to the sandbox's node in the signed start and network calls (nil:
 	// policies with credentials are refused).
 	Credentials CredentialResolver
-	HTTP        *http.Client
-	Logf        func(string, ...any)
-	Now         func() time.Time
+	// Link says how nodes are reached (TLS, or plaintext on loopback);
+	// its zero value refuses every node URL.
+	Link LinkOptions
+	// HTTP, if set, replaces Link's clients (tests).
+	HTTP *http.Client
+	Logf func(string, ...any)
+	Now  func() time.Time
 }
 
 // Remote is core.Runtime over `space node` processes: a scheduler places
@@ -71,9 +75,6 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
-	}
-	if o.HTTP == nil {
-		o.HTTP = &http.Client{Timeout: 5 * time.Minute}
 	}
 	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]reservation{}}, nil
 }
@@ -214,7 +215,13 @@ func (r *Remote) client(ctx context.Context, name string) (*Client, error) {
 		defer r.mu.Unlock()
 		c := r.clients[name]
 		if c == nil || c.URL != n.RPCURL {
-			c = NewClient(name, n.RPCURL, r.o.Signer, r.o.HTTP)
+			hc := r.o.HTTP
+			if hc == nil {
+				if hc, err = r.o.Link.HTTPClient(name, n.RPCURL); err != nil {
+					return nil, err
+				}
+			}
+			c = NewClient(name, n.RPCURL, r.o.Signer, hc)
 			r.clients[name] = c
 		}
 		return c, nil

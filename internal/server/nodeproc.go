@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -35,8 +37,14 @@ var nodeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 type NodeConfig struct {
 	// Secret is the cluster secret servers sign node requests with.
 	Secret []byte
-	// RPCURL is the RPC address servers are told (default http://Listen).
+	// RPCURL is the RPC address servers are told (default
+	// https://Listen, http:// with Plaintext).
 	RPCURL string
+	// TLS is the node's certificate, key and the cluster CA: the RPC is
+	// served over mutual TLS to replicas with a certificate from that CA.
+	// Plaintext serves it without TLS instead (loopback --listen only).
+	TLS       cluster.TLSFiles
+	Plaintext bool
 	// Heartbeat is the interval of registry updates (default 1 s).
 	Heartbeat time.Duration
 	// Capacity offered to the scheduler: 0 = the host's CPUs and memory.
@@ -217,6 +225,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if !IsPostgres(cfg.Store) {
 		return nil, fmt.Errorf("space node: --store must be the PostgreSQL database the servers use: %w", core.ErrInvalid)
 	}
+	rpcTLS, err := nodeRPCTLS(cfg.Listen, nc)
+	if err != nil {
+		return nil, err
+	}
 	if nc.Heartbeat <= 0 {
 		nc.Heartbeat = time.Second
 	}
@@ -245,7 +257,6 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 			p.closeAll(context.Background())
 		}
 	}()
-	var err error
 	st, err := OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf)
 	if err != nil {
 		return nil, err // (not into p.store: a typed nil would be closed)
@@ -354,6 +365,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if p.rpcLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+	scheme := "http"
+	if rpcTLS != nil {
+		p.rpcLn, scheme = tls.NewListener(p.rpcLn, rpcTLS), "https"
+	}
 	if p.dataLn, err = net.Listen("tcp", cfg.DataListen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.DataListen, err)
 	}
@@ -363,7 +378,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	}
 	p.rpcURL = nc.RPCURL
 	if p.rpcURL == "" {
-		p.rpcURL = "http://" + p.rpcLn.Addr().String()
+		p.rpcURL = scheme + "://" + p.rpcLn.Addr().String()
 	}
 	verifier := cluster.NewVerifier(nc.Secret, cfg.NodeName, time.Now)
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
@@ -374,15 +389,22 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		return nil, err
 	}
 	p.startLogging(sessions)
+	if scheme == "https" {
+		// net/http handshakes *tls.Conn itself and logs refused peers (no
+		// client certificate, another CA) here.
+		p.rpc.ErrorLog = log.New(logfWriter(cfg.Logf), "node rpc: ", 0)
+	} else {
+		p.rpcLn = httpx.Listener(p.rpcLn)
+	}
 	for _, s := range []struct {
 		srv *http.Server
 		ln  net.Listener
-	}{{p.rpc, p.rpcLn}, {p.data, p.dataLn}} {
+	}{{p.rpc, p.rpcLn}, {p.data, httpx.Listener(p.dataLn)}} {
 		s := s
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			if err := s.srv.Serve(httpx.Listener(s.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cfg.Logf("serve %s: %v", s.ln.Addr(), err)
 			}
 		}()

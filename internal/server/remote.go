@@ -87,8 +87,12 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
 	s.engine.SetLogger(cfg.Logger)
+	link, err := clusterLink(cfg)
+	if err != nil {
+		return nil, err
+	}
 	remote, err := cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
-		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Logf: cfg.Logf})
+		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Link: link, Logf: cfg.Logf})
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
@@ -93,6 +94,11 @@ type Config struct {
 	ClusterSecret []byte        // signs node RPC requests (RemoteNodes, and `space node`)
 	NodeTimeout   time.Duration // a node or replica silent this long is lost (default 15 s)
 	ProjectQuota  int           // live sandboxes per project with RemoteNodes (0 = no bound)
+	// ClusterTLS is this replica's node link certificate, key and the
+	// cluster CA (RemoteNodes); ClusterPlaintext allows plaintext node
+	// links on loopback instead.
+	ClusterTLS       cluster.TLSFiles
+	ClusterPlaintext bool
 
 	// AllowPrivateRegistries lets template image pulls (source "image",
 	// a build file's FROM) dial loopback, private and link-local registry

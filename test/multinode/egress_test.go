@@ -143,6 +143,7 @@ func TestMultiNodeEgress(t *testing.T) {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range c.nodes {
 		p.start(t)
 	}
