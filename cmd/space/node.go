@@ -33,7 +33,7 @@ type linkFlags struct {
 
 func clusterLinkFlags(fs *flag.FlagSet) *linkFlags {
 	l := &linkFlags{}
-	fs.StringVar(&l.dir, "cluster-tls-dir", "", "node link TLS: a directory with tls.crt, tls.key and ca.crt (what `space certs issue` writes; a Kubernetes TLS Secret with ca.crt)")
+	fs.StringVar(&l.dir, "cluster-tls-dir", "", "node link TLS: a directory with tls.crt, tls.key and ca.crt (what space certs issue writes; a Kubernetes TLS Secret with ca.crt)")
 	fs.StringVar(&l.cert, "cluster-cert", "", "node link TLS: this process's certificate (PEM; default <cluster-tls-dir>/tls.crt)")
 	fs.StringVar(&l.key, "cluster-key", "", "node link TLS: its private key (PEM; default <cluster-tls-dir>/tls.key)")
 	fs.StringVar(&l.ca, "cluster-ca", "", "node link TLS: the CA that signs the other end's certificates (PEM; default <cluster-tls-dir>/ca.crt)")
