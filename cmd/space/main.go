@@ -19,6 +19,7 @@ func commands() []command {
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
 		{"certs", "node link certificates from a small CA: init|issue", runCerts},
+		{"credentials", "the credential store replicas share: rewrap (after a key rotation)", runCredentials},
 		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|pause|resume|hibernate|rm", runSandbox},
 		{"snapshot", "snapshots: create|list|get|rm|fork", runSnapshot},
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},

@@ -216,7 +216,12 @@ func (r *Remote) SetNetworkPolicy(ctx context.Context, sb core.Sandbox, p core.N
 	if err != nil {
 		return err
 	}
-	return r.onNode(ctx, sb.ID, func(c *Client) error { return c.SetNetwork(ctx, sb, p, creds) })
+	return r.onNode(ctx, sb.ID, func(c *Client) error {
+		if err := r.secretsTo(c, creds); err != nil {
+			return err
+		}
+		return c.SetNetwork(ctx, sb, p, creds)
+	})
 }
 
 // NetworkLog implements core.NetworkRuntime: the node's gateway keeps the

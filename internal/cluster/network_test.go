@@ -87,7 +87,7 @@ func TestNetworkRPC(t *testing.T) {
 		}
 		return out, nil
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Credentials: resolver})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true, PlaintextSecrets: true}, Credentials: resolver})
 	if err != nil {
 		t.Fatal(err)
 	}

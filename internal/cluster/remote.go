@@ -268,6 +268,9 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		return core.Placement{}, fmt.Errorf("start on node %s: %w", sb.Node, err)
 	}
 	creds, err := r.credentials(ctx, sb.ProjectID, sb.Network)
+	if err == nil {
+		err = r.secretsTo(c, creds)
+	}
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		return core.Placement{}, err

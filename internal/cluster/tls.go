@@ -174,6 +174,9 @@ type LinkOptions struct {
 	TLS *ClientTLS
 	// Plaintext allows http:// node URLs, on loopback addresses only.
 	Plaintext bool
+	// PlaintextSecrets lets credentials go over such a link too (tests
+	// of the RPC itself); otherwise secrets go to nodes over TLS only.
+	PlaintextSecrets bool
 	// Timeout bounds one call (default 5 minutes).
 	Timeout time.Duration
 }

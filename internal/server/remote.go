@@ -91,8 +91,13 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	remote, err := cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
-		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Link: link, Logf: cfg.Logf})
+	var remote *cluster.Remote
+	fleetCreds, credResolver, err := fleetCredentials(cfg, s.store, func(ctx context.Context, id string) error { return remote.RevokeCredential(ctx, id) })
+	if err != nil {
+		return nil, err
+	}
+	remote, err = cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
+		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Link: link, Credentials: credResolver, Logf: cfg.Logf})
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +153,9 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes",
 				Egress: egress, NodeEgressRanges: ranges}
 		},
+	}
+	if fleetCreds != nil {
+		apiOpts.Credentials = fleetCreds
 	}
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {

@@ -99,6 +99,10 @@ type Config struct {
 	// links on loopback instead.
 	ClusterTLS       cluster.TLSFiles
 	ClusterPlaintext bool
+	// CredentialKeys is the operator keyring of the credential store the
+	// replicas share (RemoteNodes; nil: no credentials): hex keys, the
+	// first seals (credstore.ParseKeyring).
+	CredentialKeys *credstore.Keyring
 
 	// AllowPrivateRegistries lets template image pulls (source "image",
 	// a build file's FROM) dial loopback, private and link-local registry

@@ -2,10 +2,8 @@ package multinode
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -43,28 +41,7 @@ func TestNodeLinkTLS(t *testing.T) {
 		}
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, dsn: dsn}
-	secret := filepath.Join(env.Work, "cluster-secret")
-	raw := make([]byte, 32)
-	rand.Read(raw)
-	if err := os.WriteFile(secret, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range append(append([]*proc{}, c.servers...), c.nodes...) {
-			p.signal(syscall.SIGTERM)
-		}
-		sweep(t, dsn, c.nodes)
-		leftovers(t, c.dirs)
-		for _, d := range c.runDirs {
-			os.RemoveAll(d)
-		}
-		if !t.Failed() {
-			env.Remove()
-		} else {
-			t.Logf("logs kept in %s", env.Work)
-		}
-	})
+	c, secret := newFleet(t, env, dsn)
 	// Two CAs: the cluster's, and another one (a certificate from it must
 	// not open the cluster). "bundle" trusts both: the impostors use it so
 	// that it is the other end that refuses them.
@@ -107,11 +84,7 @@ func TestNodeLinkTLS(t *testing.T) {
 	good := serverProc("srv-good", []string{"--cluster-tls-dir", certsIssue(t, env.Bin, ca1, filepath.Join(env.Work, "tls-good"), "server", "srv-good")})
 	rogue.start(t)
 	good.start(t)
-	out, err := exec.Command(env.Bin, "keys", "create", "--store", dsn, "--project", "p1").Output()
-	if err != nil {
-		t.Fatalf("keys create: %v", err)
-	}
-	c.key = strings.TrimSpace(string(out))
+	c.apiKey(env.Bin)
 	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
