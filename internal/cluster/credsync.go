@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/space-sandbox/space/internal/core"
 )
@@ -75,4 +76,76 @@ func (r *Remote) secretsTo(c *Client, creds []Credential) error {
 		return nil
 	}
 	return fmt.Errorf("node %s: credentials go to nodes over TLS only, and its link is plaintext (%s): %w", c.Name, c.URL, core.ErrUnavailable)
+}
+
+// ResyncCredentials keeps nodes holding the secrets of their sandboxes: a
+// node keeps them in memory only, so one that restarted re-adopts its
+// sandboxes without them. Every interval it looks at the registry and, for
+// each ready egress node that started since it last looked (every node,
+// the first time), sends the secrets of the running and paused sandboxes
+// placed there whose policy attaches credentials (the network call, as a
+// policy change does). Sending them again to a node that has them is
+// harmless; a node that could not be served is tried again next time.
+func (r *Remote) ResyncCredentials(ctx context.Context, every time.Duration) {
+	seen := map[string]time.Time{}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		r.resyncOnce(ctx, seen)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Remote) resyncOnce(ctx context.Context, seen map[string]time.Time) {
+	nodes, err := r.ns.ListNodes(ctx)
+	if err != nil || r.o.Credentials == nil {
+		return
+	}
+	now := r.o.Now()
+	var restarted []core.NodeRecord
+	for _, n := range nodes {
+		if r.fresh(n, now) && n.Egress && !n.StartedAt.Equal(seen[n.Name]) {
+			restarted = append(restarted, n)
+		}
+	}
+	if len(restarted) == 0 {
+		return
+	}
+	ok := map[string]bool{}
+	for _, n := range restarted {
+		ok[n.Name] = true
+	}
+	after := ""
+	for {
+		page, err := r.o.Store.ListSandboxes(ctx, core.SandboxFilter{States: []core.SandboxState{core.SandboxRunning, core.SandboxPaused}, After: after, Limit: 500})
+		if err != nil {
+			return
+		}
+		for _, sb := range page {
+			after = sb.ID
+			if _, on := ok[sb.Node]; !on || sb.Network == nil || len(sb.Network.Credentials) == 0 {
+				continue
+			}
+			if err := r.SetNetworkPolicy(ctx, sb, *sb.Network); err != nil {
+				r.o.Logf("sandbox %s: credentials to node %s: %v", sb.ID, sb.Node, err)
+				// Only an unreachable node is tried again (a deleted
+				// credential would fail the same way every time).
+				if errors.Is(err, core.ErrUnavailable) {
+					ok[sb.Node] = false
+				}
+			}
+		}
+		if len(page) < 500 {
+			break
+		}
+	}
+	for _, n := range restarted {
+		if ok[n.Name] {
+			seen[n.Name] = n.StartedAt
+		}
+	}
 }

@@ -171,6 +171,10 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	go func() { defer s.wg.Done(); mon.Run(runCtx) }()
+	if fleetCreds != nil {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); remote.ResyncCredentials(runCtx, time.Second) }()
+	}
 	go func() {
 		defer s.wg.Done()
 		t := time.NewTicker(time.Second)

@@ -12,7 +12,8 @@ package multinode
 // nowhere in the sandbox (environment, files) nor in any API answer, nor
 // in the database in clear; the binding holds (a path outside it gets no
 // secret); a policy change through A takes effect on the live sandbox
-// (detached: no secret; attached again: injected); a key rotation (new
+// (detached: no secret; attached again: injected); the node restarted
+// gets the secret again from a replica (it lived in its memory); a key rotation (new
 // first key on the replicas, `space credentials rewrap`, the old key
 // dropped) keeps it working; deleting the credential through A stops the
 // injection on the node at once.
@@ -267,6 +268,21 @@ func TestMultiNodeCredentials(t *testing.T) {
 	call(b, "GET", "/v1/sandboxes/"+id, nil)
 	call(b, "GET", "/v1/sandboxes/"+id+"/network/log", nil)
 
+	// The node restarted: it re-adopts the sandbox without the secret (it
+	// was in its memory only), and a replica sends it again.
+	n1.signal(syscall.SIGTERM)
+	n1.start(t)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if out := fetch("/v1/echo"); strings.Contains(out, "auth-ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s restarted, the credential was not injected again", n1.name)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	restartedAt := injected()
+
 	// Key rotation: the replicas get a new first key (the old one still
 	// opens), `space credentials rewrap` moves the record to it, and a
 	// replica with the new key alone opens it.
@@ -290,7 +306,7 @@ func TestMultiNodeCredentials(t *testing.T) {
 	rotate(hex.EncodeToString(newKey)+"\n", a)
 	call(a, "PUT", "/v1/sandboxes/"+id+"/network", map[string]any{"mode": "allowlist", "allow": []string{"allowed.test:443"}})
 	call(a, "PUT", "/v1/sandboxes/"+id+"/network", pol)
-	if out := fetch("/v1/echo"); !strings.Contains(out, "auth-ok") || injected() != 3 {
+	if out := fetch("/v1/echo"); !strings.Contains(out, "auth-ok") || injected() != restartedAt+1 {
 		t.Fatalf("after the rotation, through %s with the new key only: %q", a.name, out)
 	}
 
@@ -298,7 +314,7 @@ func TestMultiNodeCredentials(t *testing.T) {
 	if st, _ := c.call(a, "DELETE", "/v1/credentials/"+credID, nil); st != http.StatusNoContent {
 		t.Fatalf("delete credential: %d", st)
 	}
-	if out := fetch("/v1/echo"); strings.Contains(out, "auth-ok") || injected() != 3 {
+	if out := fetch("/v1/echo"); strings.Contains(out, "auth-ok") || injected() != restartedAt+1 {
 		t.Fatalf("deleted credential still injected: %q", out)
 	}
 	if l := call(b, "GET", "/v1/credentials", nil); strings.Contains(fmt.Sprint(l), credID) {
