@@ -385,6 +385,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
 	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
+	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
+		link: nodeLinkClient(nc, cfg.Logf), logf: cfg.Logf, peers: map[string]*peer{}}
+	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
+	p.data.Handler = router.wrap(p.data.Handler)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}

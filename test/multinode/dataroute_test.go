@@ -1,0 +1,134 @@
+package multinode
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/store/postgres"
+	"github.com/space-sandbox/space/internal/store/postgres/pgtest"
+	"github.com/space-sandbox/space/test/testenv"
+)
+
+// TestDataPlaneAnyNode: any node's data listener serves every sandbox. Two
+// nodes and a replica (node links over mutual TLS); a sandbox on one node
+// is driven through the other node's data listener: a command and its
+// streamed output, a file written there and read on its own node, a
+// forwarded port by its signed path URL; a token of another sandbox opens
+// nothing through the peer either.
+func TestDataPlaneAnyNode(t *testing.T) {
+	if os.Getenv(pgtest.EnvDSN) == "" {
+		t.Skipf("needs PostgreSQL: set %s (export %s=$(bash scripts/postgres.sh))", pgtest.EnvDSN, pgtest.EnvDSN)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (the namespace driver)")
+	}
+	dsn := pgtest.FreshDSN(t)
+	env, err := testenv.New("space-mndata")
+	if err != nil {
+		if env != nil {
+			env.Remove()
+		}
+		t.Fatal(err)
+	}
+	c, secret := newFleet(t, env, dsn)
+	for i := 0; i < 2; i++ {
+		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
+		runDir, err := os.MkdirTemp("/tmp", "spd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.runDirs = append(c.runDirs, runDir)
+		c.dirs = append(c.dirs, dataDir)
+		p := &proc{name: fmt.Sprintf("d%d", i+1), bin: env.Bin, log: filepath.Join(env.Work, fmt.Sprintf("node%d.log", i+1)),
+			addrFile: filepath.Join(env.Work, fmt.Sprintf("node%d.addr", i+1)), dataDir: dataDir}
+		p.args = []string{"node", "--name", p.name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
+			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret, "--heartbeat", "500ms"}
+		c.nodes = append(c.nodes, p)
+	}
+	srv := &proc{name: "srv-a", bin: env.Bin, log: filepath.Join(env.Work, "srv-a.log"), addrFile: filepath.Join(env.Work, "srv-a.addr")}
+	srv.args = []string{"server", "--remote-nodes", "--node-name", srv.name, "--store", dsn, "--data-dir", filepath.Join(env.Work, srv.name),
+		"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
+	c.servers = append(c.servers, srv)
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
+	for _, p := range append(append([]*proc{}, c.nodes...), c.servers...) {
+		p.start(t)
+	}
+	c.apiKey(env.Bin)
+	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	waitNodes(t, st, c.nodes)
+
+	type sbx struct{ id, node, url, tok string }
+	create := func() sbx {
+		m := c.mustCall(srv, "POST", "/v1/sandboxes", map[string]any{"template": "minimal", "limits": map[string]any{"memory_bytes": 32 << 20}})
+		if done := c.waitOp(srv, opID(m), 60*time.Second); done["state"] != "succeeded" {
+			t.Fatalf("create: %v", done)
+		}
+		sb, sess := m["sandbox"].(map[string]any), m["session"].(map[string]any)
+		return sbx{sb["id"].(string), sb["node"].(string), sess["data_url"].(string), sess["token"].(string)}
+	}
+	s1, s2 := create(), create()
+	peerOf := func(s sbx) string { // the data URL of the node it is not on
+		for _, p := range c.nodes {
+			if p.name != s.node {
+				return p.addr["data"]
+			}
+		}
+		return ""
+	}
+	via := peerOf(s1)
+	if via == "" || via == s1.url {
+		t.Fatalf("no other node for %s on %s", s1.id, s1.node)
+	}
+	// A command through the other node, its output streamed back.
+	if out, code, err := exec1(via, s1.tok, s1.id, "sh", "-c", "echo via-peer; hostname"); err != nil || code != 0 || !strings.HasPrefix(out, "via-peer\n") {
+		t.Fatalf("exec in %s on %s through %s: %q %d %v", s1.id, s1.node, via, out, code, err)
+	}
+	// A file written through the other node is on the sandbox's own.
+	src := filepath.Join(env.Work, "payload")
+	os.WriteFile(src, []byte("payload-through-peer\n"), 0o644)
+	upload(t, via, s1.tok, s1.id, "/tmp/payload", src)
+	if out, code, err := exec1(s1.url, s1.tok, s1.id, "cat", "/tmp/payload"); err != nil || code != 0 || out != "payload-through-peer\n" {
+		t.Fatalf("file written through the peer, read on %s: %q %d %v", s1.node, out, code, err)
+	}
+	// Another sandbox's token opens nothing through the peer.
+	if _, _, err := exec1(via, s2.tok, s1.id, "true"); err == nil {
+		t.Fatalf("sandbox %s's token worked for %s through the peer", s2.id, s1.id)
+	}
+	// A forwarded port, by its signed path URL on the other node.
+	if _, code, err := exec1(s1.url, s1.tok, s1.id, "sh", "-c", "mkdir -p /tmp/w && echo on-"+s1.node+" > /tmp/w/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/w"); err != nil || code != 0 {
+		t.Fatalf("start httpd: %d %v", code, err)
+	}
+	signed := c.mustCall(srv, "POST", "/v1/sandboxes/"+s1.id+"/ports/8080/url", map[string]any{"ttl_seconds": 60})
+	pu := strings.Replace(signed["path_url"].(string), s1.url, via, 1)
+	var page string
+	for i := 0; i < 50 && page != "on-"+s1.node+"\n"; i++ {
+		if resp, err := http.Get(pu); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			page = string(b)
+		}
+		if page != "on-"+s1.node+"\n" {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if page != "on-"+s1.node+"\n" {
+		t.Fatalf("forwarded port through the peer: %q", page)
+	}
+	for _, s := range []sbx{s1, s2} {
+		if done := c.waitOp(srv, opID(c.mustCall(srv, "DELETE", "/v1/sandboxes/"+s.id, nil)), 30*time.Second); done["state"] != "succeeded" {
+			t.Fatalf("delete %s: %v", s.id, done)
+		}
+	}
+}
