@@ -23,51 +23,7 @@ import (
 // forwarded port by its signed path URL; a token of another sandbox opens
 // nothing through the peer either.
 func TestDataPlaneAnyNode(t *testing.T) {
-	if os.Getenv(pgtest.EnvDSN) == "" {
-		t.Skipf("needs PostgreSQL: set %s (export %s=$(bash scripts/postgres.sh))", pgtest.EnvDSN, pgtest.EnvDSN)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (the namespace driver)")
-	}
-	dsn := pgtest.FreshDSN(t)
-	env, err := testenv.New("space-mndata")
-	if err != nil {
-		if env != nil {
-			env.Remove()
-		}
-		t.Fatal(err)
-	}
-	c, secret := newFleet(t, env, dsn)
-	for i := 0; i < 2; i++ {
-		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
-		runDir, err := os.MkdirTemp("/tmp", "spd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.runDirs = append(c.runDirs, runDir)
-		c.dirs = append(c.dirs, dataDir)
-		p := &proc{name: fmt.Sprintf("d%d", i+1), bin: env.Bin, log: filepath.Join(env.Work, fmt.Sprintf("node%d.log", i+1)),
-			addrFile: filepath.Join(env.Work, fmt.Sprintf("node%d.addr", i+1)), dataDir: dataDir}
-		p.args = []string{"node", "--name", p.name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
-			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret, "--heartbeat", "500ms"}
-		c.nodes = append(c.nodes, p)
-	}
-	srv := &proc{name: "srv-a", bin: env.Bin, log: filepath.Join(env.Work, "srv-a.log"), addrFile: filepath.Join(env.Work, "srv-a.addr")}
-	srv.args = []string{"server", "--remote-nodes", "--node-name", srv.name, "--store", dsn, "--data-dir", filepath.Join(env.Work, srv.name),
-		"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
-	c.servers = append(c.servers, srv)
-	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
-	for _, p := range append(append([]*proc{}, c.nodes...), c.servers...) {
-		p.start(t)
-	}
-	c.apiKey(env.Bin)
-	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	waitNodes(t, st, c.nodes)
+	c, srv, env := twoNodes(t, "space-mndata")
 
 	type sbx struct{ id, node, url, tok string }
 	create := func() sbx {
@@ -131,4 +87,57 @@ func TestDataPlaneAnyNode(t *testing.T) {
 			t.Fatalf("delete %s: %v", s.id, done)
 		}
 	}
+}
+
+// twoNodes starts two nodes and one replica (node links over mutual TLS)
+// on a fresh database, with an API key of project p1.
+func twoNodes(t *testing.T, prefix string) (*cluster, *proc, *testenv.Server) {
+	t.Helper()
+	if os.Getenv(pgtest.EnvDSN) == "" {
+		t.Skipf("needs PostgreSQL: set %s (export %s=$(bash scripts/postgres.sh))", pgtest.EnvDSN, pgtest.EnvDSN)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (the namespace driver)")
+	}
+	dsn := pgtest.FreshDSN(t)
+	env, err := testenv.New(prefix)
+	if err != nil {
+		if env != nil {
+			env.Remove()
+		}
+		t.Fatal(err)
+	}
+	c, secret := newFleet(t, env, dsn)
+	for i := 0; i < 2; i++ {
+		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
+		runDir, err := os.MkdirTemp("/tmp", "spd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.runDirs = append(c.runDirs, runDir)
+		c.dirs = append(c.dirs, dataDir)
+		p := &proc{name: fmt.Sprintf("d%d", i+1), bin: env.Bin, log: filepath.Join(env.Work, fmt.Sprintf("node%d.log", i+1)),
+			addrFile: filepath.Join(env.Work, fmt.Sprintf("node%d.addr", i+1)), dataDir: dataDir}
+		p.args = []string{"node", "--name", p.name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
+			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret, "--heartbeat", "500ms"}
+		c.nodes = append(c.nodes, p)
+	}
+	srv := &proc{name: "srv-a", bin: env.Bin, log: filepath.Join(env.Work, "srv-a.log"), addrFile: filepath.Join(env.Work, "srv-a.addr")}
+	srv.args = []string{"server", "--remote-nodes", "--node-name", srv.name, "--store", dsn, "--data-dir", filepath.Join(env.Work, srv.name),
+		"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
+	c.servers = append(c.servers, srv)
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
+	for _, p := range append(append([]*proc{}, c.nodes...), c.servers...) {
+		p.start(t)
+	}
+	c.apiKey(env.Bin)
+	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	waitNodes(t, st, c.nodes)
+
+	return c, srv, env
 }
