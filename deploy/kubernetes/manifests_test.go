@@ -981,7 +981,10 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 		t.Error("the NetworkPolicies do not let the servers reach the node RPC")
 	}
 	if c.openIngress(nw, rpc) {
-		t.Error("the node RPC is open to every client: only the servers may reach it")
+		t.Error("the node RPC is open to every client: only the servers and nodes may reach it")
+	}
+	if !c.allowsEgress(nw, nw, rpc) || !c.allowsIngressFrom(nw, nw, rpc) {
+		t.Error("the NetworkPolicies do not let a node forward data-plane requests to another node's RPC")
 	}
 	if !c.openIngress(nw, data) {
 		t.Error("clients cannot reach the nodes' data plane")

@@ -14,8 +14,13 @@ import (
 	"github.com/space-sandbox/space/internal/core"
 )
 
-// PathRevokeCredential drops a credential from every sandbox of a node.
-const PathRevokeCredential = "/node/v1/revoke-credential"
+// Credential sync paths: drop a deleted credential from every sandbox of
+// a node; give a sandbox the secrets of the credentials its applied policy
+// attaches (after the node restarted).
+const (
+	PathRevokeCredential = "/node/v1/revoke-credential"
+	PathCredentials      = "/node/v1/credentials"
+)
 
 // CredentialRevoker is what a node with the egress gateway offers for
 // deleted credentials.
@@ -23,7 +28,35 @@ type CredentialRevoker interface {
 	RevokeCredential(ctx context.Context, id string) error
 }
 
+// CredentialSetter is what a node with the egress gateway offers to give
+// a running sandbox its secrets again without touching its policy. The
+// node refuses (ErrConflict) credentials other than exactly those of the
+// policy it applies to the sandbox now: a stale resync never attaches a
+// credential a newer policy detached.
+type CredentialSetter interface {
+	SetSandboxCredentials(ctx context.Context, sb core.Sandbox, creds []Credential) error
+}
+
+type credentialsReq struct {
+	Sandbox     core.Sandbox `json:"sandbox"`
+	Credentials []Credential `json:"credentials"`
+}
+
 func (h *Handler) credentialRoutes() {
+	cs, _ := h.b.(CredentialSetter)
+	h.route(PathCredentials, func(ctx context.Context, body []byte) (any, error) {
+		var r credentialsReq
+		if err := decode(body, &r); err != nil {
+			return nil, err
+		}
+		if !core.ValidSandboxID(r.Sandbox.ID) || len(r.Credentials) == 0 || len(r.Credentials) > maxWireCredentials {
+			return nil, fmt.Errorf("credentials request: %w", core.ErrInvalid)
+		}
+		if cs == nil {
+			return nil, fmt.Errorf("this node keeps no sandbox networks: %w", core.ErrUnavailable)
+		}
+		return okResp{true}, cs.SetSandboxCredentials(ctx, r.Sandbox, r.Credentials)
+	})
 	rv, _ := h.b.(CredentialRevoker)
 	h.route(PathRevokeCredential, func(ctx context.Context, body []byte) (any, error) {
 		var r idReq
@@ -38,6 +71,11 @@ func (h *Handler) credentialRoutes() {
 		}
 		return okResp{true}, rv.RevokeCredential(ctx, r.ID)
 	})
+}
+
+// SetCredentials gives a sandbox on the node the secrets of its policy.
+func (c *Client) SetCredentials(ctx context.Context, sb core.Sandbox, creds []Credential) error {
+	return c.call(ctx, PathCredentials, credentialsReq{Sandbox: sb, Credentials: creds}, &okResp{})
 }
 
 // RevokeCredential asks the node to stop injecting credential id.
@@ -130,7 +168,7 @@ func (r *Remote) resyncOnce(ctx context.Context, seen map[string]time.Time) {
 			if _, on := ok[sb.Node]; !on || sb.Network == nil || len(sb.Network.Credentials) == 0 {
 				continue
 			}
-			if err := r.SetNetworkPolicy(ctx, sb, *sb.Network); err != nil {
+			if err := r.resendCredentials(ctx, sb); err != nil && !errors.Is(err, core.ErrConflict) {
 				r.o.Logf("sandbox %s: credentials to node %s: %v", sb.ID, sb.Node, err)
 				// Only an unreachable node is tried again (a deleted
 				// credential would fail the same way every time).
@@ -148,4 +186,19 @@ func (r *Remote) resyncOnce(ctx context.Context, seen map[string]time.Time) {
 			seen[n.Name] = n.StartedAt
 		}
 	}
+}
+
+// resendCredentials sends sb's node the secrets its recorded policy
+// attaches.
+func (r *Remote) resendCredentials(ctx context.Context, sb core.Sandbox) error {
+	creds, err := r.credentials(ctx, sb.ProjectID, sb.Network)
+	if err != nil {
+		return err
+	}
+	return r.onNode(ctx, sb.ID, func(c *Client) error {
+		if err := r.secretsTo(c, creds); err != nil {
+			return err
+		}
+		return c.SetCredentials(ctx, sb, creds)
+	})
 }

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
@@ -67,4 +69,43 @@ func (t *trackedRuntime) RevokeCredential(ctx context.Context, id string) error 
 		t.eg.net.GW.Revoke(id)
 	}
 	return nil
+}
+
+// netState is what a node remembers of its sandboxes' networks for the
+// credentials resync: the credential ids of the policy it applies to each.
+// Policy changes and resyncs take mu, so they apply one at a time.
+type netState struct {
+	mu    sync.Mutex
+	creds map[string][]string // sandbox id → credential ids of its policy
+}
+
+func (n *netState) set(id string, p *core.NetworkPolicy) {
+	if p == nil || len(p.Credentials) == 0 {
+		delete(n.creds, id)
+		return
+	}
+	n.creds[id] = slices.Clone(p.Credentials)
+}
+
+// SetSandboxCredentials implements cluster.CredentialSetter: the secrets
+// of exactly the credentials of the policy this node applies to sb.
+func (t *trackedRuntime) SetSandboxCredentials(ctx context.Context, sb core.Sandbox, creds []cluster.Credential) error {
+	if t.eg == nil {
+		return fmt.Errorf("network: this node has no egress gateway (space node --egress): %w", core.ErrUnavailable)
+	}
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	want, ok := t.net.creds[sb.ID]
+	if !ok {
+		return fmt.Errorf("sandbox %s: its policy attaches no credentials here: %w", sb.ID, core.ErrConflict)
+	}
+	if err := cluster.CheckCredentials(&core.NetworkPolicy{Credentials: want}, creds); err != nil {
+		return fmt.Errorf("sandbox %s: not the credentials of its current policy: %v: %w", sb.ID, err, core.ErrConflict)
+	}
+	inst := sb.Instance
+	if inst == "" {
+		inst = sb.ID
+	}
+	ec, _ := wireCredentials(creds)
+	return t.eg.net.GW.SetCredentials(inst, ec)
 }

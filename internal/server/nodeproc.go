@@ -92,6 +92,8 @@ type trackedRuntime struct {
 	max int
 	// eg is the egress wiring (nil: sandboxes without network).
 	eg *egressRuntime
+	// net remembers the credentials of each sandbox's applied policy.
+	net netState
 
 	mu   sync.Mutex
 	live map[string]core.Limits
@@ -111,6 +113,9 @@ func (t *trackedRuntime) release(id string) {
 	t.mu.Lock()
 	delete(t.live, id)
 	t.mu.Unlock()
+	t.net.mu.Lock()
+	t.net.set(id, nil)
+	t.net.mu.Unlock()
 }
 
 func (t *trackedRuntime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
@@ -321,7 +326,8 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	broker := core.NewBroker(p.store, time.Now)
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.engine.SetLogger(cfg.Logger)
-	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{}}
+	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{},
+		net: netState{creds: map[string][]string{}}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
 	}

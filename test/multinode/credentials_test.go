@@ -149,25 +149,10 @@ func TestMultiNodeCredentials(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(opKey)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dataDir := filepath.Join(env.Work, "node1")
-	runDir, err := os.MkdirTemp("/tmp", "spc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.runDirs = append(c.runDirs, runDir)
-	c.dirs = append(c.dirs, dataDir)
-	n1 := &proc{name: "e1", bin: env.Bin, log: filepath.Join(env.Work, "node1.log"), addrFile: filepath.Join(env.Work, "node1.addr"), dataDir: dataDir}
-	n1.args = []string{"node", "--name", n1.name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
-		"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-		"--uid-base", "100000", "--builtins", "minimal", "--cluster-secret-file", secret, "--heartbeat", "500ms",
-		"--egress", "--egress-pool", "10.214.0.0/24", "--egress-if-prefix", "mnc1", "--egress-table", "space-mnc1",
-		"--egress-dns", wanDNS, "--egress-upstream-ca", upstreamCA}
-	c.nodes = append(c.nodes, n1)
+	n1 := c.addNode(env, secret, 0, "e1", "--egress", "--egress-pool", "10.214.0.0/24", "--egress-if-prefix", "mnc1",
+		"--egress-table", "space-mnc1", "--egress-dns", wanDNS, "--egress-upstream-ca", upstreamCA)
 	for _, name := range []string{"srv-a", "srv-b"} {
-		p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr")}
-		p.args = []string{"server", "--remote-nodes", "--node-name", name, "--store", dsn, "--data-dir", filepath.Join(env.Work, name),
-			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String(), "--credential-keys", keyFile}
-		c.servers = append(c.servers, p)
+		c.addServer(env, secret, name, "--credential-keys", keyFile)
 	}
 	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range append(append([]*proc{}, c.nodes...), c.servers...) {

@@ -2,7 +2,6 @@ package multinode
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -108,25 +107,9 @@ func twoNodes(t *testing.T, prefix string) (*cluster, *proc, *testenv.Server) {
 		t.Fatal(err)
 	}
 	c, secret := newFleet(t, env, dsn)
-	for i := 0; i < 2; i++ {
-		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
-		runDir, err := os.MkdirTemp("/tmp", "spd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.runDirs = append(c.runDirs, runDir)
-		c.dirs = append(c.dirs, dataDir)
-		p := &proc{name: fmt.Sprintf("d%d", i+1), bin: env.Bin, log: filepath.Join(env.Work, fmt.Sprintf("node%d.log", i+1)),
-			addrFile: filepath.Join(env.Work, fmt.Sprintf("node%d.addr", i+1)), dataDir: dataDir}
-		p.args = []string{"node", "--name", p.name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
-			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret, "--heartbeat", "500ms"}
-		c.nodes = append(c.nodes, p)
-	}
-	srv := &proc{name: "srv-a", bin: env.Bin, log: filepath.Join(env.Work, "srv-a.log"), addrFile: filepath.Join(env.Work, "srv-a.addr")}
-	srv.args = []string{"server", "--remote-nodes", "--node-name", srv.name, "--store", dsn, "--data-dir", filepath.Join(env.Work, srv.name),
-		"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
-	c.servers = append(c.servers, srv)
+	c.addNode(env, secret, 0, "d1")
+	c.addNode(env, secret, 1, "d2")
+	srv := c.addServer(env, secret, "srv-a")
 	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range append(append([]*proc{}, c.nodes...), c.servers...) {
 		p.start(t)

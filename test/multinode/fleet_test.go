@@ -3,6 +3,7 @@ package multinode
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,4 +87,34 @@ func buildFetcher(t *testing.T, dir string) string {
 		t.Fatalf("build mnfetch: %v\n%s", err, out)
 	}
 	return fetcher
+}
+
+// addNode adds a `space node` named name (namespace driver, template
+// minimal, its own data, run and template dirs, uid range i, heartbeats
+// every 500 ms) with extra flags.
+func (c *cluster) addNode(env *testenv.Server, secret string, i int, name string, extra ...string) *proc {
+	c.t.Helper()
+	dataDir := filepath.Join(env.Work, name)
+	runDir, err := os.MkdirTemp("/tmp", "spn")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.runDirs = append(c.runDirs, runDir)
+	c.dirs = append(c.dirs, dataDir)
+	p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr"), dataDir: dataDir}
+	p.args = append([]string{"node", "--name", name, "--store", c.dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
+		"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+		"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret,
+		"--heartbeat", "500ms"}, extra...)
+	c.nodes = append(c.nodes, p)
+	return p
+}
+
+// addServer adds a `space server --remote-nodes` replica with extra flags.
+func (c *cluster) addServer(env *testenv.Server, secret, name string, extra ...string) *proc {
+	p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr")}
+	p.args = append([]string{"server", "--remote-nodes", "--node-name", name, "--store", c.dsn, "--data-dir", filepath.Join(env.Work, name),
+		"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}, extra...)
+	c.servers = append(c.servers, p)
+	return p
 }

@@ -57,31 +57,8 @@ func TestNodeLinkTLS(t *testing.T) {
 	impostor := func(dir string) []string {
 		return []string{"--cluster-cert", filepath.Join(dir, "tls.crt"), "--cluster-key", filepath.Join(dir, "tls.key"), "--cluster-ca", bundle}
 	}
-	nodeProc := func(i int, name string, link []string) *proc {
-		dataDir := filepath.Join(env.Work, name)
-		runDir, err := os.MkdirTemp("/tmp", "spt")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.runDirs = append(c.runDirs, runDir)
-		c.dirs = append(c.dirs, dataDir)
-		p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr"), dataDir: dataDir}
-		p.args = append([]string{"node", "--name", name, "--store", dsn, "--driver", "namespace", "--data-dir", dataDir, "--run-dir", runDir,
-			"--template-dir", filepath.Join(dataDir, "templates"), "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
-			"--uid-base", fmt.Sprint(100000 + i*65536*4), "--builtins", "minimal", "--cluster-secret-file", secret,
-			"--heartbeat", "500ms"}, link...)
-		c.nodes = append(c.nodes, p)
-		return p
-	}
-	serverProc := func(name string, link []string) *proc {
-		p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr")}
-		p.args = append([]string{"server", "--remote-nodes", "--node-name", name, "--store", dsn, "--data-dir", filepath.Join(env.Work, name),
-			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}, link...)
-		c.servers = append(c.servers, p)
-		return p
-	}
-	rogue := nodeProc(0, "rogue", impostor(certsIssue(t, env.Bin, ca2, filepath.Join(env.Work, "tls-rogue"), "node", "rogue")))
-	good := serverProc("srv-good", []string{"--cluster-tls-dir", certsIssue(t, env.Bin, ca1, filepath.Join(env.Work, "tls-good"), "server", "srv-good")})
+	rogue := c.addNode(env, secret, 0, "rogue", impostor(certsIssue(t, env.Bin, ca2, filepath.Join(env.Work, "tls-rogue"), "node", "rogue"))...)
+	good := c.addServer(env, secret, "srv-good", "--cluster-tls-dir", certsIssue(t, env.Bin, ca1, filepath.Join(env.Work, "tls-good"), "server", "srv-good"))
 	rogue.start(t)
 	good.start(t)
 	c.apiKey(env.Bin)
@@ -111,9 +88,9 @@ func TestNodeLinkTLS(t *testing.T) {
 
 	// 2. The cluster's node, and replicas with a certificate of another
 	// CA and without one.
-	n1 := nodeProc(1, "n1", []string{"--cluster-tls-dir", certsIssue(t, env.Bin, ca1, filepath.Join(env.Work, "tls-n1"), "node", "n1")})
-	bad := serverProc("srv-bad", impostor(certsIssue(t, env.Bin, ca2, filepath.Join(env.Work, "tls-bad"), "server", "srv-bad")))
-	bare := serverProc("srv-bare", []string{"--cluster-plaintext"})
+	n1 := c.addNode(env, secret, 1, "n1", "--cluster-tls-dir", certsIssue(t, env.Bin, ca1, filepath.Join(env.Work, "tls-n1"), "node", "n1"))
+	bad := c.addServer(env, secret, "srv-bad", impostor(certsIssue(t, env.Bin, ca2, filepath.Join(env.Work, "tls-bad"), "server", "srv-bad"))...)
+	bare := c.addServer(env, secret, "srv-bare", "--cluster-plaintext")
 	for _, p := range []*proc{n1, bad, bare} {
 		p.start(t)
 	}
