@@ -189,3 +189,16 @@ func nodeLinkClient(nc NodeConfig, logf func(string, ...any)) cluster.LinkOption
 	}
 	return cluster.LinkOptions{TLS: ct}
 }
+
+// nodePauser is the node's runtime for its automatic resume: the
+// lifecycle plus pause and resume, no snapshots (so a hibernated sandbox
+// is not woken here: that is a replica's, which may place it elsewhere).
+type nodePauser struct{ lifecycleOnly }
+
+func (n nodePauser) PauseSandbox(ctx context.Context, id string) error {
+	return n.t.PauseSandbox(ctx, id)
+}
+
+func (n nodePauser) ResumeSandbox(ctx context.Context, id string) error {
+	return n.t.ResumeSandbox(ctx, id)
+}

@@ -389,8 +389,11 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	verifier := cluster.NewVerifier(nc.Secret, cfg.NodeName, time.Now)
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
-	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil)
+	// Automatic resume on a data-plane call: this node thaws its own
+	// paused sandboxes (a wake from hibernation is a replica's).
+	wakeSvc := core.NewService(p.store, p.engine, broker, nodePauser{lifecycleOnly{p.rt}}, core.ServiceOptions{NodeName: cfg.NodeName, Logf: cfg.Logf})
+	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: wakeSvc.AutoResume})
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakeSvc)
 	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
 		link: nodeLinkClient(nc, cfg.Logf), logf: cfg.Logf, peers: map[string]*peer{}}
 	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)

@@ -188,6 +188,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 			// One replica (the first by name of those alive) reaps.
 			if leader(runCtx, remote, cfg.NodeName, cfg.NodeTimeout) {
 				reaper.ReapExpired(runCtx)
+				reaper.AutoPauseIdle(runCtx) // idle times from each sandbox's node
 			}
 		}
 	}()

@@ -20,7 +20,9 @@ import (
 // is driven through the other node's data listener: a command and its
 // streamed output, a file written there and read on its own node, a
 // forwarded port by its signed path URL; a token of another sandbox opens
-// nothing through the peer either.
+// nothing through the peer either; an idle sandbox with auto_pause_seconds
+// is paused by the replica and a command sent to the other node's
+// listener resumes it (auto_resume) on its own node.
 func TestDataPlaneAnyNode(t *testing.T) {
 	c, srv, env := twoNodes(t, "space-mndata")
 
@@ -81,7 +83,32 @@ func TestDataPlaneAnyNode(t *testing.T) {
 	if page != "on-"+s1.node+"\n" {
 		t.Fatalf("forwarded port through the peer: %q", page)
 	}
-	for _, s := range []sbx{s1, s2} {
+	// Auto-pause and automatic resume: an idle sandbox is paused by the
+	// replica (its node reports the idle time), and a command sent to the
+	// other node's listener wakes it on its own node.
+	m := c.mustCall(srv, "POST", "/v1/sandboxes", map[string]any{"template": "minimal", "limits": map[string]any{"memory_bytes": 32 << 20},
+		"auto_pause_seconds": 2, "auto_resume": true})
+	if done := c.waitOp(srv, opID(m), 60*time.Second); done["state"] != "succeeded" {
+		t.Fatalf("create: %v", done)
+	}
+	sb, sess := m["sandbox"].(map[string]any), m["session"].(map[string]any)
+	s3 := sbx{sb["id"].(string), sb["node"].(string), sess["data_url"].(string), sess["token"].(string)}
+	t0 := time.Now()
+	for st := ""; st != "paused"; {
+		if time.Since(t0) > 30*time.Second {
+			t.Fatalf("sandbox %s with auto_pause_seconds 2 is %s after %v", s3.id, st, time.Since(t0))
+		}
+		time.Sleep(200 * time.Millisecond)
+		st, _ = c.mustCall(srv, "GET", "/v1/sandboxes/"+s3.id, nil)["state"].(string)
+	}
+	t.Logf("sandbox %s on %s auto-paused %v after its creation", s3.id, s3.node, time.Since(t0).Round(time.Millisecond))
+	if out, code, err := exec1(peerOf(s3), s3.tok, s3.id, "echo", "awake"); err != nil || code != 0 || out != "awake\n" {
+		t.Fatalf("exec through the peer woke nothing: %q %d %v", out, code, err)
+	}
+	if st := c.mustCall(srv, "GET", "/v1/sandboxes/"+s3.id, nil)["state"]; st != "running" {
+		t.Fatalf("after the call through the peer %s is %v", s3.id, st)
+	}
+	for _, s := range []sbx{s1, s2, s3} {
 		if done := c.waitOp(srv, opID(c.mustCall(srv, "DELETE", "/v1/sandboxes/"+s.id, nil)), 30*time.Second); done["state"] != "succeeded" {
 			t.Fatalf("delete %s: %v", s.id, done)
 		}
