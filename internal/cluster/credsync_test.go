@@ -19,18 +19,7 @@ import (
 // got nothing.
 func TestSecretsOnlyOverTLS(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b := &netBackend{policies: map[string]core.NetworkPolicy{}, secrets: map[string][]string{}}
-	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
-	defer srv.Close()
-	if _, err := st.PutNode(ctx, core.NodeRecord{Name: "n1", Kind: core.NodeKindNode, RPCURL: srv.URL, Egress: true,
-		Templates: []string{"minimal"}, HeartbeatAt: time.Now().UTC()}); err != nil {
-		t.Fatal(err)
-	}
+	st, b, _ := netFixture(t)
 	resolver := func(ctx context.Context, projectID string, ids []string) ([]Credential, error) {
 		var out []Credential
 		for _, id := range ids {
@@ -65,4 +54,24 @@ func TestSecretsOnlyOverTLS(t *testing.T) {
 	if _, err := r.StartSandbox(ctx, sb2, func(int, string) {}); err != nil {
 		t.Fatalf("start without credentials: %v", err)
 	}
+}
+
+// netFixture is a store with node n1 registered (egress, template
+// minimal) whose RPC is served by a netBackend.
+func netFixture(t *testing.T) (*sqlite.Store, *netBackend, *httptest.Server) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	b := &netBackend{policies: map[string]core.NetworkPolicy{}, secrets: map[string][]string{}}
+	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
+	t.Cleanup(srv.Close)
+	if _, err := st.PutNode(ctx, core.NodeRecord{Name: "n1", Kind: core.NodeKindNode, RPCURL: srv.URL, Egress: true,
+		Templates: []string{"minimal"}, HeartbeatAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	return st, b, srv
 }

@@ -63,18 +63,7 @@ func (n *netBackend) NetworkLog(ctx context.Context, sb core.Sandbox, after uint
 // the decision log reads through.
 func TestNetworkRPC(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b := &netBackend{policies: map[string]core.NetworkPolicy{}, secrets: map[string][]string{}}
-	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
-	defer srv.Close()
-	if _, err := st.PutNode(ctx, core.NodeRecord{Name: "n1", Kind: core.NodeKindNode, RPCURL: srv.URL, Egress: true,
-		Templates: []string{"minimal"}, HeartbeatAt: time.Now().UTC()}); err != nil {
-		t.Fatal(err)
-	}
+	st, b, srv := netFixture(t)
 	resolved := 0
 	resolver := func(ctx context.Context, projectID string, ids []string) ([]Credential, error) {
 		resolved++
