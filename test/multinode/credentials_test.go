@@ -142,7 +142,7 @@ func TestMultiNodeCredentials(t *testing.T) {
 	}
 	upstreamCA := serveTLSUpstream(t, w, env.Work, "Bearer "+canary, seen)
 	fetcher := buildFetcher(t, env.Work)
-	c, secret := newFleet(t, env, dsn)
+	c, secret := newFrame(t, env, dsn)
 	opKey := make([]byte, 32)
 	rand.Read(opKey)
 	keyFile := filepath.Join(env.Work, "credential-keys")

@@ -133,7 +133,7 @@ func twoNodes(t *testing.T, prefix string) (*cluster, *proc, *testenv.Server) {
 		}
 		t.Fatal(err)
 	}
-	c, secret := newFleet(t, env, dsn)
+	c, secret := newFrame(t, env, dsn)
 	c.addNode(env, secret, 0, "d1")
 	c.addNode(env, secret, 1, "d2")
 	srv := c.addServer(env, secret, "srv-a")

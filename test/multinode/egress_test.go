@@ -70,7 +70,7 @@ func TestMultiNodeEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	fetcher := buildFetcher(t, env.Work)
-	c, secret := newFleet(t, env, dsn)
+	c, secret := newFrame(t, env, dsn)
 	for i := 0; i < 3; i++ {
 		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
 		runDir, err := os.MkdirTemp("/tmp", "spe")

@@ -41,7 +41,7 @@ func TestNodeLinkTLS(t *testing.T) {
 		}
 		t.Fatal(err)
 	}
-	c, secret := newFleet(t, env, dsn)
+	c, secret := newFrame(t, env, dsn)
 	// Two CAs: the cluster's, and another one (a certificate from it must
 	// not open the cluster). "bundle" trusts both: the impostors use it so
 	// that it is the other end that refuses them.

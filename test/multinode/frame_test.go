@@ -17,10 +17,10 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// newFleet is the frame of a cluster test: a cluster on dsn, its cluster
+// newFrame is the frame of a cluster test: a cluster on dsn, its cluster
 // secret (a file under env.Work, returned), and the cleanup that stops
 // every process, sweeps what is left and keeps the logs of a failed test.
-func newFleet(t *testing.T, env *testenv.Server, dsn string) (*cluster, string) {
+func newFrame(t *testing.T, env *testenv.Server, dsn string) (*cluster, string) {
 	t.Helper()
 	c := &cluster{t: t, dsn: dsn}
 	secret := filepath.Join(env.Work, "cluster-secret")
