@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,10 +41,21 @@ func runBench(args []string) error {
 	drivers := fs.String("drivers", "", "comma-separated drivers measured side by side in one run (e.g. namespace,gvisor): cold and warm-pool create, exec round trip, and for gvisor snapshot+fork; replaces --driver")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: the pinned build, then PATH)")
 	fs.IntVar(&cfg.SnapshotRuns, "snapshot-runs", 10, "with --drivers: snapshot+fork pairs per driver that has process snapshots (gvisor; 0 skips)")
+	fleet := fs.Bool("fleet", false, "fleet benchmark: a private PostgreSQL, --fleet-replicas replicas and --fleet-nodes nodes as separate processes, next to one single server, full cycles (create → first command → delete) at each --fleet-clients level")
+	fc := bench.FleetConfig{Nodes: 2, Replicas: 2, Cycles: 6, MinCycles: 24, MemoryBytes: 64 << 20}
+	fs.IntVar(&fc.Nodes, "fleet-nodes", fc.Nodes, "with --fleet: space node processes")
+	fs.IntVar(&fc.Replicas, "fleet-replicas", fc.Replicas, "with --fleet: space server --remote-nodes replicas")
+	fleetClients := fs.String("fleet-clients", "1,8,16,32", "with --fleet: comma-separated client counts")
+	fs.IntVar(&fc.Cycles, "fleet-cycles", fc.Cycles, "with --fleet: cycles per client at each level (at least 24)")
+	fs.Int64Var(&fc.MemoryBytes, "fleet-memory", fc.MemoryBytes, "with --fleet: each sandbox's memory limit in bytes")
+	fs.BoolVar(&fc.SkipSingle, "fleet-no-single", false, "with --fleet: skip the single-server baseline")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	verbose := fs.Bool("v", false, "print the server's log to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -81,6 +93,26 @@ func runBench(args []string) error {
 		}
 	}
 
+	if *fleet {
+		for _, f := range strings.Split(*fleetClients, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > 256 {
+				return fmt.Errorf("bench: --fleet-clients: %q is not a count from 1 to 256", f)
+			}
+			fc.Clients = append(fc.Clients, n)
+		}
+		if fc.Nodes < 1 || fc.Nodes > 16 || fc.Replicas < 1 || fc.Replicas > 8 || fc.Cycles < 1 || fc.MemoryBytes < 16<<20 {
+			return errors.New("bench: --fleet-nodes 1..16, --fleet-replicas 1..8, --fleet-cycles ≥ 1, --fleet-memory ≥ 16 MiB")
+		}
+		fc.Progress = cfg.Progress
+		res, runErr := bench.RunFleet(ctx, fc)
+		if res != nil {
+			if err := emit(res, *out, *asJSON, func() error { return bench.WriteFleet(os.Stdout, res) }); err != nil {
+				return err
+			}
+		}
+		return benchErr(ctx, runErr, tail, *verbose)
+	}
 	if *drivers != "" {
 		var list []string
 		for _, d := range strings.Split(*drivers, ",") {

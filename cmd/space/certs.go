@@ -38,8 +38,8 @@ func certsInit(args []string) error {
 	fs := flag.NewFlagSet("certs init", flag.ContinueOnError)
 	dir := fs.String("dir", "", "directory for ca.crt and ca.key (required)")
 	days := fs.Int("days", 3650, "validity in days")
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *dir == "" || *days <= 0 || fs.NArg() > 0 {
 		return usagef("%s", certsUsage)
@@ -77,8 +77,8 @@ func certsIssue(args []string) error {
 	srv := fs.String("server", "", "issue a server replica certificate (client auth) for this --node-name")
 	hosts := fs.String("host", "", "node certificates: further DNS names or IP addresses (comma-separated; the host of its --rpc-url)")
 	days := fs.Int("days", 365, "validity in days (at most the CA's)")
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *caDir == "" || *out == "" || (*node == "") == (*srv == "") || *days <= 0 || fs.NArg() > 0 {
 		return usagef("%s", certsUsage)

@@ -338,11 +338,15 @@ func TestCompletionScripts(t *testing.T) {
 	// Ask bash's own machinery what it completes after `space sa` and
 	// `space sandbox ex`, and `space sandbox exec --t`.
 	for line, want := range map[string]string{
-		"space sa":               "sandbox",
-		"space sandbox ex":       "exec",
-		"space sandbox exec --t": "--tty",
-		"space snapshot ":        "fork",
-		"space completion ":      "fish",
+		"space sa":                           "sandbox",
+		"space sandbox ex":                   "exec",
+		"space sandbox exec --t":             "--tty",
+		"space snapshot ":                    "fork",
+		"space completion ":                  "fish",
+		"space sandbox ti":                   "timeout",
+		"space sandbox create --network ":    "allowlist",
+		"space sandbox create --on-timeout ": "hibernate",
+		"space keys ":                        "help",
 	} {
 		script := fmt.Sprintf(`source <(%q completion bash)
 COMP_LINE=%q; COMP_POINT=${#COMP_LINE}; read -ra COMP_WORDS <<<"$COMP_LINE"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/space-sandbox/space/internal/template"
+	"github.com/space-sandbox/space/internal/version"
 	"github.com/space-sandbox/space/pkg/client"
 )
 
@@ -35,21 +37,44 @@ type clientCLI struct {
 func newClientFlags(name string) (*flag.FlagSet, *clientCLI) {
 	c := &clientCLI{out: os.Stdout, errOut: os.Stderr}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	def := os.Getenv("SPACE_URL")
-	if def == "" {
-		def = "http://127.0.0.1:7070"
-	}
-	fs.StringVar(&c.url, "url", def, "control API URL (env SPACE_URL)")
-	fs.StringVar(&c.apiKey, "api-key", os.Getenv("SPACE_API_KEY"), "API key (env SPACE_API_KEY)")
+	// The defaults shown by -h and after a flag error are constants: the
+	// environment is read only when the client is made, so neither the
+	// key nor a URL with credentials in it ever reaches a help text.
+	fs.StringVar(&c.url, "url", "", "control API URL (default $SPACE_URL, else "+defaultURL+")")
+	fs.StringVar(&c.apiKey, "api-key", "", "API key (default $SPACE_API_KEY; prefer the variable: a flag shows in ps)")
 	fs.BoolVar(&c.json, "json", false, "print JSON instead of tables")
 	return fs, c
 }
 
-func (c *clientCLI) client() (*client.Client, error) {
-	if c.apiKey == "" {
-		return nil, errors.New("no API key: pass --api-key or set SPACE_API_KEY (create one with `space keys create`)")
+const defaultURL = "http://127.0.0.1:7070"
+
+// resolve fills the URL and key from the environment when no flag gave them.
+func (c *clientCLI) resolve() {
+	if c.url == "" {
+		c.url = cmp.Or(os.Getenv("SPACE_URL"), defaultURL)
 	}
-	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version)), nil
+	if c.apiKey == "" {
+		c.apiKey = os.Getenv("SPACE_API_KEY")
+	}
+}
+
+func (c *clientCLI) client() (*client.Client, error) {
+	c.resolve()
+	if c.apiKey == "" {
+		return nil, errors.New("no API key: set SPACE_API_KEY (or pass --api-key); create one with `space keys create --data-dir DIR` on the server machine")
+	}
+	return client.New(c.url, c.apiKey, client.WithUserAgent("space-cli/"+version.Version)), nil
+}
+
+// connect returns the API client and a context cancelled by SIGINT or
+// SIGTERM; call stop when done.
+func (c *clientCLI) connect() (*client.Client, context.Context, context.CancelFunc, error) {
+	api, err := c.client()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, stop := signalContext()
+	return api, ctx, stop, nil
 }
 
 func (c *clientCLI) printJSON(v any) error { return printJSONTo(c.out, v) }
@@ -66,11 +91,15 @@ func printJSONTo(w io.Writer, v any) error {
 func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, usageErr(helpOK(err))
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
 		}
 		args = fs.Args()
 		if len(args) == 0 {
+			if len(pos) == 1 && pos[0] == "help" { // space logs help, as -h
+				printFlags(fs)
+				os.Exit(0)
+			}
 			return pos, nil
 		}
 		pos = append(pos, args[0])
@@ -78,13 +107,42 @@ func parseClientArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// helpOK ends the process successfully after -h printed the flags, instead
-// of reporting "help requested" as a failure.
-func helpOK(err error) error {
+// parseFlags parses args the same way for every verb: -h/--help prints the
+// flags on stdout and exits 0; a bad flag is a usage error (exit 2) that
+// names the flag and where to look, without the whole flag list (which
+// buried the error) and without any default read from the environment.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if err == nil {
+		return nil
+	}
 	if errors.Is(err, flag.ErrHelp) {
+		printFlags(fs)
 		os.Exit(0)
 	}
-	return err
+	return usagef("%v\n(space %s -h lists its flags)", err, fs.Name())
+}
+
+// noArgs refuses positional arguments to a command that takes none (a
+// server must not start on `space server help`); "help" prints the flags.
+func noArgs(fs *flag.FlagSet) error {
+	switch {
+	case fs.NArg() == 0:
+		return nil
+	case fs.NArg() == 1 && fs.Arg(0) == "help":
+		printFlags(fs)
+		os.Exit(0)
+	}
+	return usagef("space %s takes no arguments, got %q\n(space %s -h lists its flags)", fs.Name(), fs.Args(), fs.Name())
+}
+
+// printFlags prints a verb's flags on stdout.
+func printFlags(fs *flag.FlagSet) {
+	fs.SetOutput(os.Stdout)
+	defer fs.SetOutput(io.Discard)
+	fmt.Printf("usage: space %s [flags]\n\nflags:\n", fs.Name())
+	fs.PrintDefaults()
 }
 
 func wantArgs(fs *flag.FlagSet, pos []string, n int, usage string) error {
@@ -260,19 +318,28 @@ const sandboxUsage = `usage: space sandbox <verb> [flags]
 
 verbs:
   create [--template base] [--env K=V]... [--metadata K=V]... [--memory 512M] [--cpus 1.5]
-         [--pids N] [--disk 1G] [--timeout 15m] [--public-ports] [--wait=true]
-  list   [--state running] [--metadata K=V]... [--limit N]
+         [--pids N] [--disk 1G] [--timeout 15m] [--on-timeout delete|hibernate]
+         [--auto-pause 10m] [--auto-resume] [--network blocked|allowlist|open]
+         [--allow RULE]... [--preset pypi]... [--public-ports] [--wait=true]
+  list   [--state running] [--metadata K=V]... [--limit N] [--all-projects]
   get    ID
   exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [-t|--tty] [-i|--stdin] [--timeout D] ID [--] CMD ARGS...
          (-it ID -- sh: an interactive shell; exits with the command's exit code)
   logs   ID [--command CID | --all]      a command's output (default: the newest), followed until it exits
-  cp     LOCAL ID:PATH | ID:PATH LOCAL   copy a file in or out ("-": stdin/stdout); progress on a terminal
+  cp     [--user U] SRC DST             copy files or directories in or out, like docker cp:
+         LOCAL ID:PATH | ID:PATH LOCAL      into an existing directory, under the source's name
+                                            ("-": stdin/stdout for one file); progress on a terminal
   ports  ID [--wait PORT] [--timeout 1m]  the ports something listens on inside, with their URLs
   url    ID PORT [--signed] [--ttl 1h] [--path]  the URL of a port (--signed: opens it with no other credential)
   pause  ID [--wait=true]     freeze every process; the data plane refuses calls until resume
   resume ID [--wait=true]     resume a paused or hibernated sandbox
   hibernate ID [--wait=true]  snapshot, release the instance; resume starts it again
-  rm     ID [--wait]
+  rm     ID... | --all [--wait]   (--all: every live sandbox of the key's project)
+  timeout ID DURATION         delete (or hibernate) it DURATION from now, e.g. 30m; 0: never
+  session ID                  print a fresh session token (X-Access-Token for the data plane and ports)
+  network ID --network MODE [--allow RULE]... [--preset NAME]...   replace its egress policy
+  netlog ID [--after N]       its egress decisions (allowed and denied connections)
+  metrics ID [--since 10m]    its CPU, memory and disk use
 
 every verb takes --url, --api-key and --json`
 
@@ -301,6 +368,16 @@ func runSandbox(args []string) error {
 		return sandboxPorts(args[1:])
 	case "url":
 		return sandboxURL(args[1:])
+	case "timeout":
+		return sandboxTimeout(args[1:])
+	case "session":
+		return sandboxSession(args[1:])
+	case "network":
+		return sandboxNetwork(args[1:])
+	case "netlog":
+		return sandboxNetLog(args[1:])
+	case "metrics":
+		return sandboxMetrics(args[1:])
 	case "help", "-h", "--help":
 		fmt.Println(sandboxUsage)
 		return nil
@@ -318,7 +395,11 @@ func sandboxCreate(args []string) error {
 	cpus := fs.Float64("cpus", 0, "CPU limit in cores, e.g. 1.5 (default: the server's)")
 	pids := fs.Int64("pids", 0, "process limit (default: the server's)")
 	disk := fs.String("disk", "", "disk limit of the writable layer, e.g. 1G (default: the server's)")
-	timeout := fs.Duration("timeout", 0, "delete the sandbox after this long; 0 = never (default: the server's)")
+	timeout := durationVar(fs, "timeout", 0, "delete the sandbox after this long, e.g. 15m; 0 = never (default: the server's)")
+	onTimeout := fs.String("on-timeout", "", "at the timeout: delete (default) or hibernate (keep it as a snapshot that resume brings back)")
+	autoPause := durationVar(fs, "auto-pause", 0, "pause it after this long without data-plane activity, e.g. 10m (default: never)")
+	autoResume := fs.Bool("auto-resume", false, "data-plane calls resume it when paused or hibernated")
+	pf := addPolicyFlags(fs)
 	publicPorts := fs.Bool("public-ports", false, "forwarded ports open without a token (anyone with the URL reaches them)")
 	wait := fs.Bool("wait", true, "wait until the sandbox is running")
 	idem := fs.String("idempotency-key", "", "makes retrying this exact request safe")
@@ -330,7 +411,20 @@ func sandboxCreate(args []string) error {
 		return err
 	}
 	req := client.CreateRequest{Template: *tmpl, Env: env, Metadata: meta, PublicPorts: *publicPorts,
-		Limits: client.Limits{CPUMillis: int64(*cpus*1000 + 0.5), Pids: *pids}}
+		Limits: client.Limits{CPUMillis: int64(*cpus*1000 + 0.5), Pids: *pids}, OnTimeout: *onTimeout, AutoResume: *autoResume}
+	if req.Network, err = pf.policy(); err != nil {
+		return err
+	}
+	if *onTimeout != "" && *onTimeout != "delete" && *onTimeout != "hibernate" {
+		return usagef("--on-timeout must be delete or hibernate, not %q", *onTimeout)
+	}
+	if *timeout < 0 || *autoPause < 0 {
+		return usagef("--timeout and --auto-pause must not be negative")
+	}
+	if *autoPause > 0 {
+		secs := int64((*autoPause + time.Second - 1) / time.Second)
+		req.AutoPauseSeconds = &secs
+	}
 	if *cpus < 0 || *pids < 0 {
 		return errors.New("--cpus and --pids must not be negative")
 	}
@@ -388,11 +482,12 @@ func sandboxList(args []string) error {
 	meta := kvFlag{}
 	fs.Var(meta, "metadata", "only sandboxes with metadata K=V (repeatable)")
 	limit := fs.Int("limit", 0, "show at most this many (0: all)")
+	allProjects := fs.Bool("all-projects", false, "every project's sandboxes, with a PROJECT column (admin keys only)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, 0, "[--state S] [--metadata K=V]"); err != nil {
+	if err := wantArgs(fs, pos, 0, "[--state S] [--metadata K=V] [--all-projects]"); err != nil {
 		return err
 	}
 	c, err := cl.client()
@@ -401,7 +496,7 @@ func sandboxList(args []string) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	opts := client.ListOptions{State: states, Metadata: meta}
+	opts := client.ListOptions{State: states, Metadata: meta, AllProjects: *allProjects}
 	if *limit > 0 && *limit <= 1000 {
 		opts.Limit = *limit
 	}
@@ -419,8 +514,14 @@ func sandboxList(args []string) error {
 		return cl.printJSON(map[string]any{"sandboxes": list})
 	}
 	tw := tabwriter.NewWriter(cl.out, 0, 4, 2, ' ', 0)
+	if *allProjects {
+		fmt.Fprint(tw, "PROJECT\t")
+	}
 	fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tAGE\tEXPIRES\tMETADATA")
 	for _, sb := range list {
+		if *allProjects {
+			fmt.Fprintf(tw, "%s\t", sb.ProjectID)
+		}
 		exp := "never"
 		switch {
 		case sb.State == client.StateDeleted || sb.State == client.StateFailed || sb.State == client.StateLost:
@@ -486,6 +587,8 @@ func sandboxGet(args []string) error {
 		{"driver", sb.Driver}, {"node", sb.Node}, {"limits", strings.Join(limits, " ")},
 		{"created", sb.CreatedAt.Local().Format(time.RFC3339)}, {"expires", exp},
 		{"env", strings.Join(envKeys, ",")}, {"metadata", joinKV(sb.Metadata)},
+		{"network", networkSummary(sb.Network)}, {"on timeout", sb.OnTimeout}, {"auto pause", autoPauseText(sb.AutoPauseSeconds)},
+		{"auto resume", strconv.FormatBool(sb.AutoResume)},
 	})
 }
 
@@ -503,36 +606,71 @@ func writeFields(out io.Writer, rows [][2]string) error {
 
 func sandboxRemove(args []string) error {
 	fs, cl := newClientFlags("sandbox rm")
-	wait := fs.Bool("wait", false, "wait until the sandbox is gone")
+	wait := fs.Bool("wait", false, "wait until the sandboxes are gone")
+	all := fs.Bool("all", false, "every live sandbox of the key's project (creating, running, paused, hibernated)")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := wantArgs(fs, pos, 1, "ID [--wait]"); err != nil {
-		return err
+	if len(pos) == 0 && !*all || len(pos) > 0 && *all {
+		return usagef("usage: space sandbox rm ID... | --all  [--wait]")
 	}
-	c, err := cl.client()
+	c, ctx, stop, err := cl.connect()
 	if err != nil {
 		return err
 	}
-	ctx, stop := signalContext()
 	defer stop()
-	op, err := c.DeleteSandbox(ctx, pos[0])
-	if err != nil {
-		return err
+	if *all {
+		for sb, err := range c.AllSandboxes(ctx, client.ListOptions{State: []string{"creating", "running", "paused", "hibernated"}}) {
+			if err != nil {
+				return err
+			}
+			pos = append(pos, sb.ID)
+		}
+		if len(pos) == 0 {
+			if cl.json {
+				return cl.printJSON(map[string]any{"operations": []client.Operation{}})
+			}
+			fmt.Fprintln(cl.errOut, "no sandboxes to delete")
+			return nil
+		}
 	}
-	if *wait {
-		if op, err = newProgressPrinter().watch(ctx, c, op.ID); err != nil {
-			return err
+	// Like docker rm: every id is tried; the failures are reported and
+	// make the exit status 1.
+	var ops []client.Operation
+	failed := 0
+	for _, id := range pos {
+		op, err := c.DeleteSandbox(ctx, id)
+		if err == nil && *wait {
+			op, err = newProgressPrinter().watch(ctx, c, op.ID)
+		}
+		if err != nil {
+			fmt.Fprintf(cl.errOut, "space: %s: %v\n", id, err)
+			failed++
+			continue
+		}
+		ops = append(ops, op)
+		switch {
+		case cl.json:
+		case *wait:
+			fmt.Fprintf(cl.out, "deleted %s\n", id)
+		default:
+			fmt.Fprintf(cl.out, "deleting %s (operation %s)\n", id, op.ID)
 		}
 	}
 	if cl.json {
-		return cl.printJSON(op)
+		if len(pos) == 1 && len(ops) == 1 && !*all {
+			return cl.printJSON(ops[0])
+		}
+		if ops == nil {
+			ops = []client.Operation{}
+		}
+		if err := cl.printJSON(map[string]any{"operations": ops}); err != nil {
+			return err
+		}
 	}
-	if *wait {
-		fmt.Fprintf(cl.out, "deleted %s\n", pos[0])
-	} else {
-		fmt.Fprintf(cl.out, "deleting %s (operation %s)\n", pos[0], op.ID)
+	if failed > 0 {
+		return silentError{fmt.Sprintf("%d of %d sandboxes not deleted", failed, len(pos))}
 	}
 	return nil
 }
@@ -587,21 +725,21 @@ func sandboxExec(args []string) error {
 	fs.BoolVar(&tty, "t", false, "short for --tty")
 	fs.BoolVar(&stdin, "stdin", false, "forward this process's stdin to the command")
 	fs.BoolVar(&stdin, "i", false, "short for --stdin (-it: an interactive terminal)")
-	timeout := fs.Duration("timeout", 0, "kill the command after this long (0: never)")
+	timeout := durationVar(fs, "timeout", 0, "kill the command after this long, e.g. 30s (0: never)")
 	tag := fs.String("tag", "", "label shown in command listings")
 	// Flags go before or right after the id; everything after the first
 	// other word (or after --) is the command, flags included.
 	args = splitShortFlags(args)
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
 		return usagef("usage: space sandbox exec [flags] ID [--] CMD ARGS")
 	}
 	id := rest[0]
-	if err := fs.Parse(rest[1:]); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, rest[1:]); err != nil {
+		return err
 	}
 	argv := fs.Args()
 	if (len(argv) == 0) == (*shell == "") {
@@ -1100,6 +1238,9 @@ verbs:
   get   ID [--wait 30s]   show an operation; --wait holds until it is done (at most 60s)
   watch ID                follow an operation until it is done; exits 1 if it failed
 
+The API lists no operations; space events follows every operation and
+sandbox state change of the project (--after 0: the retained history).
+
 every verb takes --url, --api-key and --json`
 
 func runOps(args []string) error {
@@ -1132,7 +1273,7 @@ func (c *clientCLI) printOperation(op client.Operation) {
 
 func opsGet(args []string) error {
 	fs, cl := newClientFlags("ops get")
-	wait := fs.Duration("wait", 0, "wait up to this long (at most 60s) for the operation to finish")
+	wait := durationVar(fs, "wait", 0, "wait up to this long (at most 60s) for the operation to finish, e.g. 30s")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err

@@ -25,56 +25,76 @@ type completionVerb struct {
 // completionTable maps "cmd" and "cmd verb" to what follows them. The
 // CLI tests check it against each verb's -h output.
 var completionTable = map[string]completionVerb{
-	"sandbox create":    {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--disk", "--timeout", "--public-ports", "--wait", "--idempotency-key"}},
-	"sandbox list":      {client: true, flags: []string{"--state", "--metadata", "--limit"}},
+	"sandbox create": {client: true, flags: []string{"--template", "--env", "--metadata", "--memory", "--cpus", "--pids", "--disk", "--timeout",
+		"--on-timeout", "--auto-pause", "--auto-resume", "--network", "--allow", "--preset", "--public-ports", "--wait", "--idempotency-key"}},
+	"sandbox list":      {client: true, flags: []string{"--state", "--metadata", "--limit", "--all-projects"}},
 	"sandbox get":       {client: true, ids: "sandboxes"},
 	"sandbox exec":      {client: true, ids: "sandboxes", flags: []string{"--shell", "--env", "--cwd", "--user", "--tty", "-t", "--stdin", "-i", "--timeout", "--tag"}},
 	"sandbox logs":      {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},
-	"sandbox cp":        {client: true, ids: "sandboxes", flags: []string{"--mode", "--progress"}},
+	"sandbox cp":        {client: true, ids: "sandboxes", flags: []string{"--mode", "--user", "--progress"}},
+	"sandbox timeout":   {client: true, ids: "sandboxes"},
+	"sandbox session":   {client: true, ids: "sandboxes"},
+	"sandbox network":   {client: true, ids: "sandboxes", flags: []string{"--network", "--allow", "--preset"}},
+	"sandbox netlog":    {client: true, ids: "sandboxes", flags: []string{"--after", "--limit"}},
+	"sandbox metrics":   {client: true, ids: "sandboxes", flags: []string{"--since"}},
 	"sandbox ports":     {client: true, ids: "sandboxes", flags: []string{"--wait", "--timeout"}},
 	"sandbox url":       {client: true, ids: "sandboxes", flags: []string{"--signed", "--ttl", "--path"}},
 	"sandbox pause":     {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox resume":    {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"sandbox hibernate": {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
-	"sandbox rm":        {client: true, ids: "sandboxes", flags: []string{"--wait"}},
+	"sandbox rm":        {client: true, ids: "sandboxes", flags: []string{"--wait", "--all"}},
 	"snapshot create":   {client: true, ids: "sandboxes", flags: []string{"--wait", "--idempotency-key"}},
 	"snapshot list":     {client: true, flags: []string{"--sandbox"}},
 	"snapshot get":      {client: true, ids: "snapshots"},
 	"snapshot rm":       {client: true, ids: "snapshots", flags: []string{"--wait"}},
 	"snapshot fork":     {client: true, ids: "snapshots", flags: []string{"--count", "--wait", "--idempotency-key"}},
 	"template list":     {client: true},
-	"template get":      {client: true},
-	"template delete":   {client: true},
-	"template tag":      {client: true},
+	"template get":      {client: true, ids: "templates"},
+	"template delete":   {client: true, ids: "templates"},
+	"template tag":      {client: true, ids: "templates"},
 	"template logs":     {client: true, flags: []string{"--step"}},
 	"template gc":       {client: true},
 	"template build": {client: true, flags: []string{"--source", "--packages", "--env", "--cwd", "--user", "--wait", "--idempotency-key",
 		"--dir", "--tar", "--image", "--archive", "--data-dir", "--uid-base", "-f", "--file", "-t", "--tag", "--no-context", "--logs", "--public"}},
 	"ops get":            {client: true, flags: []string{"--wait"}},
 	"ops watch":          {client: true},
+	"events":             {client: true, flags: []string{"--after", "--sandbox"}},
 	"logs":               {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},
-	"keys create":        {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--json"}},
-	"keys list":          {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--json"}},
-	"keys revoke":        {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--json"}},
+	"keys create":        {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--init", "--json"}},
+	"keys list":          {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--init", "--json"}},
+	"keys revoke":        {flags: []string{"--data-dir", "--store", "--project", "--name", "--admin", "--init", "--json"}},
 	"certs init":         {flags: []string{"--dir", "--days"}},
 	"certs issue":        {flags: []string{"--ca-dir", "--out", "--node", "--server", "--host", "--days"}},
 	"credentials rewrap": {flags: []string{"--store", "--credential-keys"}},
 	"server":             {flags: []string{"--data-dir", "--store", "--listen", "--data-listen", "--data-url", "--driver", "--builtins", "--template-dir", "--run-dir", "--default-timeout", "--session-ttl", "--warm-templates", "--warm-pool", "--egress", "--allow-private-registries", "--template-ready-timeout", "--snapshot-store", "--audit-log", "--metrics-listen", "--retention", "--log-format", "--log-level", "--sandbox-domain", "--max-port-connections"}},
 	"node": {flags: []string{"--name", "--store", "--data-dir", "--template-dir", "--run-dir", "--addr-file", "--listen", "--rpc-url", "--data-listen", "--data-url",
 		"--driver", "--warm-templates", "--warm-pool", "--builtins", "--uid-base", "--cluster-secret-file", "--cluster-tls-dir", "--cluster-cert", "--cluster-key", "--cluster-ca", "--cluster-plaintext", "--heartbeat", "--cpus", "--memory-bytes", "--max-sandboxes", "--snapshot-store", "--metrics-listen", "--log-format", "--log-level", "--sandbox-domain", "--max-port-connections"}},
-	"completion":  {words: []string{"bash", "zsh", "fish"}},
-	"sandbox":     {words: []string{"create", "list", "get", "exec", "logs", "cp", "ports", "url", "pause", "resume", "hibernate", "rm"}},
-	"snapshot":    {words: []string{"create", "list", "get", "rm", "fork"}},
-	"template":    {words: []string{"list", "get", "build", "tag", "delete", "logs", "gc"}},
-	"ops":         {words: []string{"get", "watch"}},
-	"keys":        {words: []string{"create", "list", "revoke"}},
+	"completion": {words: []string{"bash", "zsh", "fish"}},
+	"sandbox": {words: []string{"create", "list", "get", "exec", "logs", "cp", "ports", "url", "pause", "resume", "hibernate", "rm",
+		"timeout", "session", "network", "netlog", "metrics", "help"}},
+	"snapshot":    {words: []string{"create", "list", "get", "rm", "fork", "help"}},
+	"template":    {words: []string{"list", "get", "build", "tag", "delete", "logs", "gc", "help"}},
+	"ops":         {words: []string{"get", "watch", "help"}},
+	"keys":        {words: []string{"create", "list", "revoke", "help"}},
 	"certs":       {words: []string{"init", "issue"}},
 	"credentials": {words: []string{"rewrap"}},
 	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients"}},
 	"doctor":      {flags: []string{"--data-dir", "--runsc", "--json"}},
-	"version":     {},
+	"version":     {client: true, flags: []string{"--server"}},
 	"agent":       {},
 	"help":        {},
+}
+
+// flagValues are what the shells complete after a flag, whatever the
+// verb: fixed words, or "@templates" for the server's template names.
+var flagValues = map[string]string{
+	"--template":   "@templates",
+	"--sandbox":    "@sandboxes",
+	"--network":    "blocked allowlist open",
+	"--on-timeout": "delete hibernate",
+	"--preset":     "debian pypi npm goproxy",
+	"--source":     "busybox debian",
+	"--state":      "creating running paused hibernated deleting deleted failed lost",
 }
 
 func (v completionVerb) allFlags() []string {
@@ -136,6 +156,11 @@ func completeIDs(kind string) error {
 		for _, s := range list {
 			fmt.Println(s.ID)
 		}
+	case "templates":
+		list, _ := c.ListTemplates(ctx)
+		for _, t := range list {
+			fmt.Println(t.Name)
+		}
 	}
 	return nil
 }
@@ -146,6 +171,15 @@ func topCommands() []string {
 	for _, c := range commands() {
 		out = append(out, c.name)
 	}
+	return out
+}
+
+func sortedFlagValues() []string {
+	out := make([]string, 0, len(flagValues))
+	for f := range flagValues {
+		out = append(out, f)
+	}
+	sort.Strings(out)
 	return out
 }
 
@@ -179,6 +213,17 @@ _space_complete() {
     return
   fi
   key="${pos[0]}"
+  case "${COMP_WORDS[COMP_CWORD-1]}" in
+`)
+	for _, f := range sortedFlagValues() {
+		v := flagValues[f]
+		if kind, ok := strings.CutPrefix(v, "@"); ok {
+			fmt.Fprintf(&b, "    %s) COMPREPLY=($(compgen -W \"$(space completion __ids %s 2>/dev/null)\" -- \"$cur\")); return ;;\n", f, kind)
+		} else {
+			fmt.Fprintf(&b, "    %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", f, v)
+		}
+	}
+	b.WriteString(`  esac
   case "${pos[0]} ${pos[1]:-}" in
 `)
 	for _, k := range sortedKeys() {
@@ -234,6 +279,13 @@ func fishCompletion() string {
 		if v.ids != "" {
 			fmt.Fprintf(&b, "complete -c space -n '%s' -a '(space completion __ids %s 2>/dev/null)'\n", cond, v.ids)
 		}
+	}
+	for _, f := range sortedFlagValues() {
+		v := flagValues[f]
+		if kind, ok := strings.CutPrefix(v, "@"); ok {
+			v = "(space completion __ids " + kind + " 2>/dev/null)"
+		}
+		fmt.Fprintf(&b, "complete -c space -l %s -xa '%s'\n", strings.TrimPrefix(f, "--"), v)
 	}
 	return b.String()
 }

@@ -40,12 +40,12 @@ func runCredentials(args []string) error {
 		return usagef("%s", credentialsUsage)
 	}
 	fs := flag.NewFlagSet("credentials rewrap", flag.ContinueOnError)
-	store := fs.String("store", storeDefault(), "the servers' postgres:// store (default $SPACE_STORE)")
+	store := fs.String("store", "", "the servers' postgres:// store (default $SPACE_STORE)")
 	keysFile := fs.String("credential-keys", "", "file of operator keys, the new one first (default $SPACE_CREDENTIAL_KEYS)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 || !server.IsPostgres(*store) {
+	if fs.NArg() > 0 || !server.IsPostgres(storeOrDefault(*store)) {
 		return usagef("%s", credentialsUsage)
 	}
 	keys, err := credentialKeys(*keysFile, true)
@@ -53,7 +53,7 @@ func runCredentials(args []string) error {
 		return err
 	}
 	ctx := context.Background()
-	st, err := server.OpenStore(ctx, *store, "", "", nil)
+	st, err := server.OpenStore(ctx, storeOrDefault(*store), "", "", nil)
 	if err != nil {
 		return err
 	}

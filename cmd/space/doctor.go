@@ -17,8 +17,11 @@ func runDoctor(args []string) error {
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "the data dir whose filesystem the disk-quota check looks at")
 	runsc := fs.String("runsc", "", "runsc binary, as space server --runsc (default: scripts/runsc.sh's pinned build, then PATH)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := noArgs(fs); err != nil {
+		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("usage: space doctor [--data-dir DIR] [--runsc PATH] [--json]")

@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -17,33 +18,34 @@ func commands() []command {
 		{"server", "run the control API, data plane and in-process node", runServer},
 		{"node", "run a node for servers started with --remote-nodes (scale-out)", runNode},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
-		{"keys", "manage API keys on this machine: create|list|revoke", runKeys},
+		{"keys", "API keys, on the server machine: create|list|revoke|help", runKeys},
 		{"certs", "node link certificates from a small CA: init|issue", runCerts},
 		{"credentials", "the credential store replicas share: rewrap (after a key rotation)", runCredentials},
-		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|pause|resume|hibernate|rm", runSandbox},
+		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|ports|url|session|timeout|network|netlog|metrics|pause|resume|hibernate|rm", runSandbox},
 		{"snapshot", "snapshots: create|list|get|rm|fork", runSnapshot},
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},
-		{"template", "templates: list|build", runTemplate},
+		{"template", "templates: list|get|build|tag|delete|logs|gc", runTemplate},
 		{"ops", "operations: get|watch", runOps},
+		{"events", "follow the project's lifecycle events: operations and sandbox states (like docker events)", runEvents},
 		{"doctor", "report what this host offers (KVM, runsc, cgroups, nftables, quotas, …) and the driver auto picks", runDoctor},
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
 		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},
-		{"version", "print the version (--json: as JSON)", runVersion},
+		{"version", "print the version and commit (--json: as JSON)", runVersion},
 	}
 }
 
-const version = "0.1.0"
-
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: space <command> [flags]\n\ncommands:")
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: space <command> [flags]\n\ncommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.usage)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.usage)
 	}
+	fmt.Fprintln(w, "\n`space <command> help` lists a command's verbs, `space <command> <verb> -h` its flags.\n"+
+		"Client commands read SPACE_URL and SPACE_API_KEY; docs/cli.md has the details.")
 }
 
 func main() {
 	if len(os.Args) < 2 {
-		usage()
+		usage(os.Stderr)
 		os.Exit(exitUsage)
 	}
 	for _, c := range commands() {
@@ -55,10 +57,20 @@ func main() {
 		}
 	}
 	if os.Args[1] == "help" || os.Args[1] == "-h" || os.Args[1] == "--help" {
-		usage()
+		if len(os.Args) > 2 { // space help sandbox = space sandbox help
+			for _, c := range commands() {
+				if c.name == os.Args[2] {
+					if err := c.run(append([]string{"help"}, os.Args[3:]...)); err != nil {
+						os.Exit(reportError(err))
+					}
+					return
+				}
+			}
+		}
+		usage(os.Stdout)
 		return
 	}
 	fmt.Fprintf(os.Stderr, "space: unknown command %q\n", os.Args[1])
-	usage()
+	usage(os.Stderr)
 	os.Exit(exitUsage)
 }

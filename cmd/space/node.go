@@ -51,7 +51,7 @@ func runNode(args []string) error {
 	var nc server.NodeConfig
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.StringVar(&cfg.NodeName, "name", "", "this node's name, unique in the cluster (required)")
-	fs.StringVar(&cfg.Store, "store", storeDefault(), "the store the servers share: a postgres:// DSN (default $SPACE_STORE)")
+	fs.StringVar(&cfg.Store, "store", "", "the store the servers share: a postgres:// DSN (default $SPACE_STORE)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (templates, sandboxes, logs, snapshots)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
@@ -79,9 +79,13 @@ func runNode(args []string) error {
 	link := clusterLinkFlags(fs)
 	eg := egressFlags(fs)
 	lg := logFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageErr(helpOK(err))
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	cfg.Store = storeOrDefault(cfg.Store)
 	if err := lg.apply(&cfg); err != nil {
 		return err
 	}

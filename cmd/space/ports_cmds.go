@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -16,7 +17,7 @@ import (
 func sandboxPorts(args []string) error {
 	fs, cl := newClientFlags("sandbox ports")
 	wait := fs.Int("wait", 0, "wait until something listens on this port, then list")
-	timeout := fs.Duration("timeout", time.Minute, "with --wait: give up after this long")
+	timeout := durationVar(fs, "timeout", time.Minute, "with --wait: give up after this long")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
 		return err
@@ -76,7 +77,7 @@ func sandboxPorts(args []string) error {
 func sandboxURL(args []string) error {
 	fs, cl := newClientFlags("sandbox url")
 	signed := fs.Bool("signed", false, "a URL carrying a port token: opens this port (only) with no other credential")
-	ttl := fs.Duration("ttl", time.Hour, "with --signed: how long the URL works (at most 168h)")
+	ttl := durationVar(fs, "ttl", time.Hour, "with --signed: how long the URL works (at most 168h)")
 	path := fs.Bool("path", false, "the path form under the data plane URL (no wildcard DNS needed) instead of PORT-ID.DOMAIN")
 	pos, err := parseClientArgs(fs, args)
 	if err != nil {
@@ -132,6 +133,13 @@ func sandboxURL(args []string) error {
 		fmt.Fprintln(cl.out, pathURL)
 	} else {
 		fmt.Fprintln(cl.out, host)
+	}
+	// Without public ports the URL answers 401 to a bare request: say
+	// what opens it (on a terminal only, so scripts get the URL alone).
+	if isTerminal(os.Stderr) {
+		if sb, err := c.GetSandbox(ctx, pos[0]); err == nil && !sb.PublicPorts {
+			fmt.Fprintf(cl.errOut, "(private: send X-Access-Token: $(space sandbox session %s), or use --signed for a browser)\n", pos[0])
+		}
 	}
 	return nil
 }

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	fs2 "io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -25,20 +29,18 @@ func splitList(s string) []string {
 	return out
 }
 
-// storeDefault is $SPACE_STORE (so a DSN with a password need not be on
-// the command line), else sqlite.
-func storeDefault() string {
-	if v := os.Getenv("SPACE_STORE"); v != "" {
-		return v
-	}
-	return "sqlite"
+// storeOrDefault is the --store flag's value, else $SPACE_STORE (so a DSN
+// with a password need not be on the command line), else sqlite. The flag's
+// own default stays empty so that -h never prints the DSN.
+func storeOrDefault(flagValue string) string {
+	return cmp.Or(flagValue, os.Getenv("SPACE_STORE"), "sqlite")
 }
 
 func runServer(args []string) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state directory (SQLite store, templates, sandboxes)")
-	fs.StringVar(&cfg.Store, "store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN shared by several servers (default $SPACE_STORE, else sqlite)")
+	fs.StringVar(&cfg.Store, "store", "", "store: sqlite (<data-dir>/space.db) or a postgres:// DSN shared by several servers (default $SPACE_STORE, else sqlite)")
 	fs.StringVar(&cfg.NodeName, "node-name", "", "this server's node name, unique per replica (default: local with sqlite, <hostname>-<data-dir hash> with postgres)")
 	fs.StringVar(&cfg.TemplateDir, "template-dir", "", "built templates (default <data-dir>/templates)")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the listen addresses here as JSON once serving")
@@ -70,9 +72,13 @@ func runServer(args []string) error {
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
 	fs.DurationVar(&cfg.Retention, "retention", cfg.Retention, "prune ended sandboxes, finished operations and events older than this from the store (0 = keep them forever; snapshots are never pruned)")
 	lg := logFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if err := noArgs(fs); err != nil {
+		return err
+	}
+	cfg.Store = storeOrDefault(cfg.Store)
 	if cfg.Retention < 0 {
 		return usagef("--retention %v: want 0 (keep forever) or a positive duration", cfg.Retention)
 	}
@@ -109,19 +115,60 @@ func runServer(args []string) error {
 	return srv.Shutdown(sctx)
 }
 
+const keysUsage = `usage: space keys <verb> [flags]
+
+API keys live in the server's store; run these on the server machine with
+the server's --data-dir (or --store DSN), as the user the server runs as.
+
+verbs:
+  create [--project default] [--name N] [--admin]   print a new key (shown once)
+  list                                              every key: id, project, name, admin, revoked
+  revoke KEY_ID
+
+flags of every verb:
+  --data-dir DIR   the server's state directory (default /var/lib/space)
+  --store DSN      sqlite (<data-dir>/space.db) or postgres://… (default $SPACE_STORE, else sqlite)
+  --init           create the store if there is none yet (otherwise a missing store is an error)
+  --json           print JSON`
+
 func runKeys(args []string) error {
 	if len(args) == 0 {
-		return usagef("usage: space keys create|list|revoke [--data-dir DIR | --store DSN] [--json] [flags]")
+		return usagef("%s", keysUsage)
+	}
+	switch args[0] {
+	case "create", "list", "revoke":
+	case "help", "-h", "--help":
+		fmt.Println(keysUsage)
+		return nil
+	default:
+		return usagef("unknown keys verb %q\n%s", args[0], keysUsage)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
-	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "server state directory")
-	store := fs.String("store", storeDefault(), "store: sqlite (<data-dir>/space.db) or a postgres:// DSN (default $SPACE_STORE, else sqlite)")
+	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "the server's state directory")
+	store := fs.String("store", "", "store: sqlite (<data-dir>/space.db) or a postgres:// DSN (default $SPACE_STORE, else sqlite)")
 	project := fs.String("project", "default", "project the key belongs to")
 	admin := fs.Bool("admin", false, "an operator key: may also publish public templates, run template GC and list across projects")
 	name := fs.String("name", "", "a label for the key")
+	initStore := fs.Bool("init", false, "create the store if there is none yet (a server started later on this --data-dir uses it)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args[1:]); err != nil {
-		return usageErr(helpOK(err))
+	pos, err := parseClientArgs(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if want := map[string]int{"create": 0, "list": 0, "revoke": 1}[args[0]]; len(pos) != want {
+		return usagef("%s", keysUsage)
+	}
+	*store = storeOrDefault(*store)
+	if !server.IsPostgres(*store) && !*initStore {
+		// A key made in the wrong directory is silently useless: the
+		// server answers 401. Refuse a store that does not exist yet.
+		db := filepath.Join(*dataDir, "space.db")
+		if _, err := os.Stat(db); errors.Is(err, fs2.ErrNotExist) {
+			return fmt.Errorf("no SPACE store at %s: --data-dir must be the server's own (the server's --data-dir; default /var/lib/space). "+
+				"Start the server once to create it, or pass --init to create a new store here", db)
+		} else if err != nil {
+			return fmt.Errorf("%s: %w (run as the user the server runs as)", db, err)
+		}
 	}
 	ctx := context.Background()
 	if !server.IsPostgres(*store) {
@@ -165,18 +212,13 @@ func runKeys(args []string) error {
 		}
 		tw.Flush()
 	case "revoke":
-		if fs.NArg() != 1 {
-			return usagef("usage: space keys revoke [--data-dir DIR] KEY_ID")
-		}
-		if err := st.RevokeAPIKey(ctx, "", fs.Arg(0), time.Now().UTC()); err != nil {
+		if err := st.RevokeAPIKey(ctx, "", pos[0], time.Now().UTC()); err != nil {
 			return err
 		}
 		if *asJSON {
-			return printJSONTo(os.Stdout, map[string]any{"revoked": fs.Arg(0)})
+			return printJSONTo(os.Stdout, map[string]any{"revoked": pos[0]})
 		}
-		fmt.Println("revoked", fs.Arg(0))
-	default:
-		return usagef("unknown keys verb %q", args[0])
+		fmt.Println("revoked", pos[0])
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"github.com/space-sandbox/space/internal/sandboxinit"
 )
 
@@ -23,6 +24,22 @@ import (
 // with --listen it serves on a unix socket (for development and tests).
 // Run runs `space agent ARGS`; version is reported by the agent.
 func Run(args []string, version string) error {
+	// Whatever the host process leaked to us (a descriptor it inherited
+	// without close-on-exec) must not reach PID 1's /proc/1/fd or any
+	// command. Only the descriptors the driver passes on purpose stay.
+	// In a VM (--vm) the guest kernel started us: no host descriptor can
+	// reach us, and /proc is not mounted yet.
+	var keep []int
+	if len(args) > 0 && args[0] == "--init" {
+		keep = []int{sandboxinit.ListenerFD, sandboxinit.SyncFD, sandboxinit.StatusFD, sandboxinit.AgentFD}
+	}
+	if len(args) == 0 || args[0] != "--vm" {
+		if closed, err := fdhygiene.CloseStrays(keep...); err != nil {
+			return fmt.Errorf("agent: close inherited descriptors: %w", err)
+		} else if len(closed) > 0 {
+			fmt.Fprintf(os.Stderr, "agent: closed inherited descriptors %v\n", closed)
+		}
+	}
 	if len(args) > 0 && args[0] == "--init" {
 		cfg, err := sandboxinit.ParseArgs(args[1:])
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
+	"github.com/space-sandbox/space/internal/version"
 )
 
 //go:embed openapi.json
@@ -64,6 +65,10 @@ type Options struct {
 
 // Info describes the node behind the server (GET /v1/info).
 type Info struct {
+	// Version and Commit name the server's build (internal/version); the
+	// handler fills them in.
+	Version      string `json:"version"`
+	Commit       string `json:"commit,omitempty"`
 	Driver       string `json:"driver"`
 	DriverReason string `json:"driver_reason,omitempty"`
 	Egress       bool   `json:"egress"`
@@ -315,6 +320,8 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, _ auth.Principal) 
 	if s.o.Info != nil {
 		in = s.o.Info()
 	}
+	v := version.Get()
+	in.Version, in.Commit = v.Version, v.Commit
 	httpx.WriteJSON(w, http.StatusOK, in)
 	return nil
 }

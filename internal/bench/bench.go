@@ -213,7 +213,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Config.Progress, res.Config.ServerLog = nil, nil
 	cfg.Progress("starting an in-process server (warm pool %d)", cfg.WarmPool)
 	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool, Logf: cfg.ServerLog,
-		Driver: cfg.Driver, Runsc: cfg.Runsc})
+		Driver: cfg.Driver, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg)})
 	if err != nil {
 		return res, err
 	}
@@ -721,4 +721,14 @@ func describeCgroups() string {
 		return "v1 " + strings.Join(v1, ",")
 	}
 	return "none"
+}
+
+// outputRoom is the output bound the benchmark's server needs: the stdout
+// replay reads a whole run back from the log (the default 64 MiB bound
+// would drop most of a 256 MiB run), plus room for the exec runs' output.
+func outputRoom(cfg Config) int64 {
+	if cfg.StdoutRuns <= 0 || cfg.StdoutBytes <= 0 {
+		return 0
+	}
+	return cfg.StdoutBytes + 16<<20
 }

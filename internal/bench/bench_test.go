@@ -249,3 +249,28 @@ func BenchmarkPort(b *testing.B) {
 		}
 	}
 }
+
+// TestSmokeStdoutPastTheOutputBound runs the stdout part of Run (streamed
+// runs, the produce-then-replay halves, large writes, frames) with more
+// output than the server's default 64 MiB bound: the replay must read it
+// all (it read 64 MiB of 256 before the bench's server kept room for it).
+func TestSmokeStdoutPastTheOutputBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server and streams 80 MiB")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the namespace driver needs root")
+	}
+	agentBin.once.Do(buildAgent)
+	if agentBin.err != nil {
+		t.Fatal(agentBin.err)
+	}
+	cfg := Config{ExecRuns: 1, StdoutRuns: 1, StdoutBytes: 80 << 20, AgentPath: agentBin.path}
+	res, err := Run(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout == nil || res.Stdout.ReplayMBps <= 0 || res.Stdout.LargeWritesMBps <= 0 {
+		t.Fatalf("stdout part incomplete: %+v", res.Stdout)
+	}
+}

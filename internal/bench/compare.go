@@ -84,7 +84,7 @@ func runDriver(ctx context.Context, cfg Config, drv string) (DriverResult, error
 	dr := DriverResult{Driver: drv}
 	cfg.Progress("%s: starting an in-process server (warm pool %d)", drv, cfg.WarmPool)
 	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool,
-		Logf: cfg.ServerLog, Driver: drv, Runsc: cfg.Runsc})
+		Logf: cfg.ServerLog, Driver: drv, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg)})
 	if err != nil {
 		dr.Errors = append(dr.Errors, err.Error())
 		return dr, err

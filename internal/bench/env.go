@@ -52,6 +52,10 @@ type EnvOptions struct {
 	// Runsc is the runsc binary for the gvisor driver (default: the
 	// server's search: the pinned build, then PATH).
 	Runsc string
+	// MaxOutputBytes is the server's per-sandbox output bound (0: the
+	// server's default). The stdout benchmark replays its whole output
+	// from the log, so it needs room for it.
+	MaxOutputBytes int64
 }
 
 // Env is a running in-process server with an API key and a client.
@@ -138,6 +142,9 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 		cfg.WarmTemplates = []string{WarmTemplate}
 	}
 	cfg.Logf = o.Logf
+	if o.MaxOutputBytes > cfg.MaxOutputBytes {
+		cfg.MaxOutputBytes = o.MaxOutputBytes
+	}
 	if cfg.TemplateDir, e.RootfsDir, err = prepareTemplates(ctx, o.TemplateDir, filepath.Join(dir, "templates"), cfg.UIDBase, o.Logf); err != nil {
 		return nil, err
 	}

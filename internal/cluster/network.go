@@ -184,7 +184,7 @@ func (r *Remote) credentials(ctx context.Context, projectID string, p *core.Netw
 		return nil, nil
 	}
 	if r.o.Credentials == nil {
-		return nil, fmt.Errorf("network: credentials are not available with remote nodes (this server keeps no credential store): %w", core.ErrUnavailable)
+		return nil, fmt.Errorf("network: credentials are not available on this server (start the replicas with --credential-keys): %w", core.ErrUnavailable)
 	}
 	creds, err := r.o.Credentials(ctx, projectID, p.Credentials)
 	if errors.Is(err, core.ErrNotFound) {

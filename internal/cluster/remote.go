@@ -33,6 +33,9 @@ type RemoteOptions struct {
 	HTTP *http.Client
 	Logf func(string, ...any)
 	Now  func() time.Time
+	// NodeCacheTTL: how old the registry used to place and route may be
+	// (0: 250 ms; negative: read it every time).
+	NodeCacheTTL time.Duration
 }
 
 // Remote is core.Runtime over `space node` processes: a scheduler places
@@ -45,14 +48,11 @@ type Remote struct {
 
 	mu       sync.Mutex
 	clients  map[string]*Client
-	reserved map[string][]reservation // node → placements not yet in its heartbeat
-}
+	reserved map[string][]pending // node → changes not yet in its heartbeat (placement.go)
 
-type reservation struct {
-	id     string
-	at     time.Time
-	memory int64
-	cpu    int64
+	cacheMu sync.Mutex
+	cache   []core.NodeRecord // the registry as last read (listNodes)
+	cacheAt time.Time
 }
 
 var (
@@ -76,7 +76,10 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]reservation{}}, nil
+	if o.NodeCacheTTL == 0 {
+		o.NodeCacheTTL = nodeCacheTTL
+	}
+	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]pending{}}, nil
 }
 
 // fresh reports whether a node can be scheduled on now.
@@ -116,18 +119,27 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 	return r.place(ctx, sb, pc)
 }
 
-// place chooses a node for sb under pc and reserves its capacity there.
+// place chooses a node for sb under pc and reserves its capacity there;
+// a refusal made on a cached registry is checked against a fresh one.
 func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
+	node, err := r.placeIn(ctx, sb, pc)
+	if err != nil && r.dropNodeCache() {
+		node, err = r.placeIn(ctx, sb, pc)
+	}
+	return node, err
+}
+
+func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
 	pinned := pc.pinned
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return "", err
 	}
 	now := r.o.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	best, bestScore, ready, withTemplate, noEgress := "", -1.0, 0, 0, 0
-	var ties []string
+	best, bestScore, ready, withTemplate, noEgress := "", -1e18, 0, 0, 0
+	var ties, full []string
 	for _, n := range nodes {
 		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) {
 			continue
@@ -141,33 +153,25 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 			continue
 		}
 		withTemplate++
-		mem, cpu, count := n.UsedMemoryBytes, n.UsedCPUMillis, n.Sandboxes
-		kept := r.reserved[n.Name][:0]
-		for _, res := range r.reserved[n.Name] {
-			// A heartbeat sent a while after the placement counts it.
-			if n.HeartbeatAt.After(res.at.Add(2*time.Second)) || now.Sub(res.at) > time.Minute {
-				continue
-			}
-			kept = append(kept, res)
-			mem, cpu, count = mem+res.memory, cpu+res.cpu, count+1
-		}
-		r.reserved[n.Name] = kept
+		mem, cpu, count := r.apply(n, now)
 		if n.MaxSandboxes > 0 && count >= n.MaxSandboxes {
+			full = append(full, fmt.Sprintf("%s runs %d sandboxes, its maximum", n.Name, count))
 			continue
 		}
 		if n.MemoryBytes > 0 && n.MemoryBytes-mem < sb.Limits.MemoryBytes {
+			full = append(full, fmt.Sprintf("%s has %s of %s free", n.Name, gib(n.MemoryBytes-mem), gib(n.MemoryBytes)))
 			continue
 		}
+		// Spread by free memory and free CPU alike (CPU is overcommitted
+		// by design, so its share may go below zero).
 		score := 1.0
 		if n.MemoryBytes > 0 {
 			score = float64(n.MemoryBytes-mem-sb.Limits.MemoryBytes) / float64(n.MemoryBytes)
 		}
 		if n.CPUMillis > 0 {
-			// CPU is overcommitted by design; it only breaks near-ties.
-			score += 0.1 * float64(n.CPUMillis-cpu) / float64(n.CPUMillis)
-		}
-		if pc.prefer != "" && n.Name == pc.prefer {
-			score += 2 // the data is on its disk: it wins whenever it has room
+			score += float64(n.CPUMillis-cpu-sb.Limits.CPUMillis) / float64(n.CPUMillis)
+		} else {
+			score++
 		}
 		switch {
 		case score > bestScore+1e-9:
@@ -188,19 +192,32 @@ func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint)
 	case withTemplate == 0:
 		return "", fmt.Errorf("template %q is on none of the %d ready nodes: %w", sb.Template, ready, core.ErrNotFound)
 	case best == "":
-		return "", fmt.Errorf("no ready node with template %q has room for %d bytes of memory: %w", sb.Template, sb.Limits.MemoryBytes, core.ErrExhausted)
+		return "", noRoom(sb, full)
 	}
-	if len(ties) > 1 {
+	switch {
+	case pc.prefer != "" && slices.Contains(ties, pc.prefer):
+		// Forks spread by free capacity like creates; of equals, the
+		// node with the snapshot's data on its disk.
+		best = pc.prefer
+	case len(ties) > 1:
 		best = ties[rand.IntN(len(ties))]
 	}
-	r.reserved[best] = append(r.reserved[best], reservation{id: sb.ID, at: now, memory: sb.Limits.MemoryBytes, cpu: sb.Limits.CPUMillis})
+	r.reserve(best, sb, now)
 	return best, nil
 }
 
 // client returns the client of a node; ErrNotFound when it has no record,
-// errNodeLost when it is marked lost.
+// errNodeLost when it is marked lost (both checked on a fresh registry).
 func (r *Remote) client(ctx context.Context, name string) (*Client, error) {
-	nodes, err := r.ns.ListNodes(ctx)
+	c, err := r.clientIn(ctx, name)
+	if err != nil && r.dropNodeCache() {
+		c, err = r.clientIn(ctx, name)
+	}
+	return c, err
+}
+
+func (r *Remote) clientIn(ctx context.Context, name string) (*Client, error) {
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -247,8 +264,8 @@ func (r *Remote) unreserve(node, id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.reserved[node]
-	for i, res := range list {
-		if res.id == id {
+	for i, p := range list {
+		if p.id == id && !p.stopped {
 			r.reserved[node] = append(list[:i], list[i+1:]...)
 			return
 		}
@@ -275,8 +292,10 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		r.unreserve(sb.Node, sb.ID)
 		return core.Placement{}, err
 	}
-	progress(10, "starting on node "+sb.Node)
-	pl, err := c.StartSandbox(ctx, sb, creds...)
+	// No progress save of its own: the record names the node, and each
+	// save is a write and an event in the shared store.
+	gctx, gens := withGenSink(ctx)
+	pl, err := c.StartSandbox(gctx, sb, creds...)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -286,6 +305,7 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		}
 		return core.Placement{}, err
 	}
+	r.started(sb.Node, sb.ID, gens.gen)
 	return pl, nil
 }
 
@@ -293,21 +313,27 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 // gone has nothing left to stop from here: a node that comes back sweeps
 // every sandbox the store no longer gives it.
 func (r *Remote) StopSandbox(ctx context.Context, id string) error {
-	node, err := r.nodeOf(ctx, id)
-	if errors.Is(err, core.ErrNotFound) {
+	sb, err := r.o.Store.GetSandbox(ctx, "", id)
+	if errors.Is(err, core.ErrNotFound) || err == nil && sb.Node == "" {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	c, err := r.client(ctx, node)
+	c, err := r.client(ctx, sb.Node)
 	if errors.Is(err, errNodeLost) || errors.Is(err, core.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return c.StopSandbox(ctx, id)
+	gctx, gens := withGenSink(ctx)
+	if err := c.StopSandbox(gctx, id); err != nil {
+		return err
+	}
+	// Its room is free from now on, not only from the node's next heartbeat.
+	r.stoppedOn(sb.Node, sb, gens.gen, gens.added)
+	return nil
 }
 
 // AdoptSandbox implements core.Runtime: nodes adopt their own sandboxes
@@ -317,9 +343,18 @@ func (r *Remote) AdoptSandbox(ctx context.Context, sb core.Sandbox) error { retu
 // Sweep implements core.Runtime: nodes sweep their own hosts.
 func (r *Remote) Sweep(ctx context.Context, keep map[string]bool) error { return nil }
 
-// HasTemplate implements core.Runtime: some ready node has the template.
+// HasTemplate implements core.Runtime: some ready node has the template
+// (a refusal is checked on a fresh registry).
 func (r *Remote) HasTemplate(ctx context.Context, name string) error {
-	nodes, err := r.ns.ListNodes(ctx)
+	err := r.hasTemplateIn(ctx, name)
+	if err != nil && r.dropNodeCache() {
+		err = r.hasTemplateIn(ctx, name)
+	}
+	return err
+}
+
+func (r *Remote) hasTemplateIn(ctx context.Context, name string) error {
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return err
 	}
@@ -372,7 +407,7 @@ func (r *Remote) DataURL(sb core.Sandbox) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return ""
 	}

@@ -95,7 +95,7 @@ func NewHandler(b Backend, v *Verifier, logf func(string, ...any)) http.Handler 
 		pl, err := h.startSandbox(ctx, r)
 		return placementResp{Placement: pl}, err
 	})
-	h.route(PathStop, h.byID(h.b.StopSandbox))
+	h.route(PathStop, h.byID(h.stopRoute))
 	h.route(PathPause, h.byID(h.b.PauseSandbox))
 	h.route(PathResume, h.byID(h.b.ResumeSandbox))
 	h.route(PathAdopt, func(ctx context.Context, body []byte) (any, error) {
@@ -178,7 +178,9 @@ func (h *Handler) route(path string, fn func(ctx context.Context, body []byte) (
 			ctx = audit.WithRequestID(ctx, audit.RequestIDFrom(id))
 		}
 		defer cancel()
-		out, err := fn(ctx, body)
+		meta := &rpcMeta{}
+		out, err := fn(context.WithValue(ctx, rpcMetaKey{}, meta), body)
+		h.writeGenerations(w, meta)
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -250,6 +252,7 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 		return fmt.Errorf("node %s unreachable: %v: %w", c.Name, err, core.ErrUnavailable)
 	}
 	defer resp.Body.Close()
+	readGenerations(ctx, resp.Header)
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxRPCBody+1))
 	if err != nil {
 		return fmt.Errorf("node %s: read answer: %v: %w", c.Name, err, core.ErrUnavailable)

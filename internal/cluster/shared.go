@@ -12,7 +12,7 @@ import (
 type placeConstraint struct {
 	pinned  string // only this node (its snapshots stay on it)
 	store   string // only nodes sharing this snapshot store
-	prefer  string // among those, this one when it has room (data on its disk)
+	prefer  string // of equally free nodes, this one (data on its disk)
 	exclude string // never this node
 }
 
@@ -37,7 +37,7 @@ func (r *Remote) snapshotConstraint(ctx context.Context, node string) (placeCons
 }
 
 func (r *Remote) nodeRecord(ctx context.Context, name string) (core.NodeRecord, bool, error) {
-	nodes, err := r.ns.ListNodes(ctx)
+	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return core.NodeRecord{}, false, err
 	}

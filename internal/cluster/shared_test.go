@@ -38,7 +38,7 @@ func TestPlaceSharedSnapshotStore(t *testing.T) {
 	put("y", shared, 1<<30, 0)
 	put("z", "", 0, 0)               // the most room, no shared store
 	put("w", "dir:/elsewhere", 0, 0) // another store
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second, NodeCacheTTL: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,10 +67,30 @@ func TestPlaceSharedSnapshotStore(t *testing.T) {
 			Limits: core.Limits{MemoryBytes: 32 << 20}})
 	}
 	onX := snapshotOf(sandbox("x", core.SandboxRunning))
+	// Forks spread by free memory like creates: busy x gets none until y
+	// is as full; of equals, x (the data is on its disk).
 	for i := 0; i < 3; i++ {
-		if got, err := fork(onX); err != nil || got != "x" {
-			t.Fatalf("fork of a snapshot on x: %q %v, want x (its data is there)", got, err)
+		if got, err := fork(onX); err != nil || got != "y" {
+			t.Fatalf("fork %d of a snapshot on busy x: %q %v, want y (more room, shares the store)", i, got, err)
 		}
+	}
+	put("x", shared, 1<<30, 0)
+	put("y", shared, 1<<30, 0)
+	r2, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second, NodeCacheTTL: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forks := map[string]int{}
+	for i := 0; i < 4; i++ {
+		got, err := r2.Place(ctx, core.Sandbox{ID: core.NewID("sbx-"), ProjectID: "p", Template: "minimal", Snapshot: onX,
+			Limits: core.Limits{MemoryBytes: 32 << 20}})
+		if err != nil || i == 0 && got != "x" {
+			t.Fatalf("fork %d of a snapshot on x, both as free: %q %v, want x first", i, got, err)
+		}
+		forks[got]++
+	}
+	if forks["x"] != 2 || forks["y"] != 2 {
+		t.Fatalf("forks of a snapshot on x: %v, want two each", forks)
 	}
 	onZ := snapshotOf(sandbox("z", core.SandboxRunning))
 	if got, err := fork(onZ); err != nil || got != "z" {

@@ -142,7 +142,8 @@ func (r *Remote) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, 
 		return core.Placement{}, err
 	}
 	progress(20, "restoring on node "+sb.Node)
-	pl, err := c.StartSandboxFromSnapshot(ctx, sb, chain)
+	gctx, gens := withGenSink(ctx)
+	pl, err := c.StartSandboxFromSnapshot(gctx, sb, chain)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -152,6 +153,7 @@ func (r *Remote) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, 
 		}
 		return core.Placement{}, err
 	}
+	r.started(sb.Node, sb.ID, gens.gen)
 	return pl, nil
 }
 

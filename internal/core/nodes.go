@@ -49,6 +49,10 @@ type NodeRecord struct {
 	Egress bool `json:"egress,omitempty"`
 	// EgressRanges are its gateway's effective address sets.
 	EgressRanges *EgressRanges `json:"egress_ranges,omitempty"`
+	// Generation numbers the committed set this record shows: the node
+	// bumps it on every sandbox it takes or lets go (the placement view in
+	// internal/cluster).
+	Generation uint64 `json:"generation,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster
@@ -79,6 +83,13 @@ type OwnedOperations interface {
 // is stored; the sandbox record then names the node from its first state.
 type Placer interface {
 	Place(ctx context.Context, sb Sandbox) (node string, err error)
+}
+
+// PlacementReleaser is implemented by placers that reserve room: a
+// placement whose sandbox is not stored (a store error, or an idempotent
+// replay of an earlier create) gives its room back at once.
+type PlacementReleaser interface {
+	ReleasePlacement(node, id string)
 }
 
 // MarkNodeSandboxesLost reports every live sandbox of node lost with reason,

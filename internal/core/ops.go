@@ -46,7 +46,8 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	running map[string]Operation // started and not yet ended, by id
+	running map[string]Operation     // started and not yet ended, by id
+	ended   map[string]chan struct{} // of each running operation: closed once its outcome is stored
 }
 
 // NewEngine returns an engine; operations run under ctx. Its records go to
@@ -54,7 +55,7 @@ type Engine struct {
 func NewEngine(ctx context.Context, store Store, broker *Broker, now func() time.Time, logf func(string, ...any)) *Engine {
 	ctx, cancel := context.WithCancel(ctx)
 	return &Engine{store: store, broker: broker, now: now, log: logx.FromLogf(logf), ctx: ctx, cancel: cancel,
-		running: map[string]Operation{}}
+		running: map[string]Operation{}, ended: map[string]chan struct{}{}}
 }
 
 // SetLogger sends the engine's records to l: one per ended operation
@@ -160,6 +161,8 @@ func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 	e.publish(op)
 	e.mu.Lock()
 	e.running[op.ID] = op
+	ended := make(chan struct{})
+	e.ended[op.ID] = ended
 	e.mu.Unlock()
 	e.wg.Add(1)
 	go func() {
@@ -167,7 +170,9 @@ func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 		defer func() {
 			e.mu.Lock()
 			delete(e.running, op.ID)
+			delete(e.ended, op.ID)
 			e.mu.Unlock()
+			close(ended)
 		}()
 		e.run(audit.RequestID(ctx), op, fn)
 	}()
@@ -263,10 +268,20 @@ func (e *Engine) Wait(ctx context.Context, projectID, id string, timeout time.Du
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
+		e.mu.Lock()
+		ended := e.ended[id]
+		e.mu.Unlock()
 		changed := e.broker.Changed(projectID)
 		op, err := e.store.GetOperation(ctx, projectID, id)
 		if err != nil || op.State.Done() || timeout <= 0 {
 			return op, err
+		}
+		if ended != nil {
+			// This engine runs it: nothing but its end (stored before the
+			// channel closes) finishes it, so the project's other changes
+			// need no re-read (with a shared store each is a query, for
+			// every waiter, on every replica).
+			changed = ended
 		}
 		select {
 		case <-changed:

@@ -1,8 +1,10 @@
 package core
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -67,6 +69,29 @@ type CreateRequest struct {
 	AutoResume bool `json:"auto_resume,omitempty"`
 	// PublicPorts: forwarded ports need no token (see Sandbox.PublicPorts).
 	PublicPorts bool `json:"public_ports,omitempty"`
+
+	// emptyTemplate: the client sent "template": "" (refused), which
+	// decoding cannot tell from leaving it out (the default).
+	emptyTemplate bool
+}
+
+// UnmarshalJSON decodes a create request and notes an empty template name.
+func (r *CreateRequest) UnmarshalJSON(b []byte) error {
+	type plain CreateRequest
+	var probe struct {
+		Template *string `json:"template"`
+	}
+	// Strict, as the API's decoder is: an unknown field is an error.
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode((*plain)(r)); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return err
+	}
+	r.emptyTemplate = probe.Template != nil && *probe.Template == ""
+	return nil
 }
 
 // NetworkRuntime is implemented by runtimes with an egress gateway.
@@ -151,7 +176,20 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInvalid)
 }
 
+// bytesRange words a byte limit's bounds in one unit, MiB, with the
+// maximum's exact byte count: "must be between 16 MiB and 8192 MiB
+// (8589934592 bytes)", or "must be at least 16 MiB" without a maximum.
+func bytesRange(lo, hi int64) string {
+	if hi <= 0 {
+		return fmt.Sprintf("must be at least %d MiB (%d bytes)", lo>>20, lo)
+	}
+	return fmt.Sprintf("must be between %d MiB and %d MiB (%d to %d bytes)", lo>>20, hi>>20, lo, hi)
+}
+
 func (s *Service) validate(req *CreateRequest) error {
+	if req.emptyTemplate {
+		return invalid(`template must not be empty (leave it out for the default, "base")`)
+	}
 	if req.Template == "" {
 		req.Template = "base"
 	}
@@ -201,7 +239,7 @@ func (s *Service) validate(req *CreateRequest) error {
 		l.DiskBytes = cmp.Or(def.DiskBytes, mx.DiskBytes)
 	}
 	if l.MemoryBytes < 0 || l.MemoryBytes != 0 && l.MemoryBytes < 16<<20 || mx.MemoryBytes > 0 && l.MemoryBytes > mx.MemoryBytes {
-		return invalid("memory_bytes must be between 16 MiB and %d", mx.MemoryBytes)
+		return invalid("memory_bytes %d: %s", l.MemoryBytes, bytesRange(16<<20, mx.MemoryBytes))
 	}
 	if l.CPUMillis < 0 || l.CPUMillis != 0 && l.CPUMillis < 10 || mx.CPUMillis > 0 && l.CPUMillis > mx.CPUMillis {
 		return invalid("cpu_millis must be between 10 and %d", mx.CPUMillis)
@@ -212,8 +250,11 @@ func (s *Service) validate(req *CreateRequest) error {
 	if l.DiskBytes > 0 && def.DiskBytes == 0 && mx.DiskBytes == 0 {
 		return invalid("disk_bytes: this server does not limit disks (its operator turns that on with --default-disk-bytes or --max-disk-bytes)")
 	}
+	if l.DiskBytes%(1<<20) != 0 {
+		return invalid("disk_bytes must be a whole number of MiB (a multiple of 1048576); %d is not", l.DiskBytes)
+	}
 	if l.DiskBytes < 0 || l.DiskBytes != 0 && l.DiskBytes < MinDiskBytes || mx.DiskBytes > 0 && l.DiskBytes > mx.DiskBytes {
-		return invalid("disk_bytes must be between 16 MiB and %d", mx.DiskBytes)
+		return invalid("disk_bytes %d: %s", l.DiskBytes, bytesRange(MinDiskBytes, mx.DiskBytes))
 	}
 	if req.TimeoutSeconds != nil && (*req.TimeoutSeconds < 0 || *req.TimeoutSeconds > MaxTimeoutSecond) {
 		return invalid("timeout_seconds must be between 0 and %d", MaxTimeoutSecond)
@@ -361,6 +402,9 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	op := s.engine.NewOperation(projectID, kind, sb.ID)
 	op.Fingerprint = fp
 	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
+	if rel, ok := s.runtime.(PlacementReleaser); ok && sb.Node != "" && (err != nil || !created) {
+		rel.ReleasePlacement(sb.Node, sb.ID)
+	}
 	if err != nil {
 		return Sandbox{}, Operation{}, err
 	}

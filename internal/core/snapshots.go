@@ -146,6 +146,10 @@ func ValidSnapshotID(id string) bool { return snapshotIDRE.MatchString(id) }
 
 // ForkRequest asks for count new sandboxes from one snapshot. Env and
 // limits default to those of the snapshot's sandbox.
+//
+// Every field the request leaves unset takes the snapshot's source
+// sandbox's value (limits field by field); what the request sets wins.
+// docs/security.md ("Security attributes by creation path") is the table.
 type ForkRequest struct {
 	Count          int               `json:"count"`
 	Env            map[string]string `json:"env,omitempty"`
@@ -153,6 +157,63 @@ type ForkRequest struct {
 	Limits         Limits            `json:"limits,omitempty"`
 	TimeoutSeconds *int64            `json:"timeout_seconds,omitempty"`
 	Network        *NetworkPolicy    `json:"network,omitempty"`
+	// PublicPorts, AutoPauseSeconds, OnTimeout and AutoResume as in
+	// CreateRequest; nil ("" for OnTimeout) = the source's.
+	PublicPorts      *bool  `json:"public_ports,omitempty"`
+	AutoPauseSeconds *int64 `json:"auto_pause_seconds,omitempty"`
+	OnTimeout        string `json:"on_timeout,omitempty"`
+	AutoResume       *bool  `json:"auto_resume,omitempty"`
+}
+
+// forkCreate is the create request of one sandbox of a fork: req where it
+// says something, else src's (nil src: a source that is gone, so the
+// server's defaults).
+func forkCreate(snap Snapshot, req ForkRequest, src *Sandbox) CreateRequest {
+	creq := CreateRequest{Template: snap.Template, TemplateRef: snap.TemplateKey(), Env: req.Env, Metadata: req.Metadata,
+		Limits: req.Limits, TimeoutSeconds: req.TimeoutSeconds, Network: req.Network, AutoPauseSeconds: req.AutoPauseSeconds,
+		OnTimeout: req.OnTimeout}
+	if req.PublicPorts != nil {
+		creq.PublicPorts = *req.PublicPorts
+	}
+	if req.AutoResume != nil {
+		creq.AutoResume = *req.AutoResume
+	}
+	if src == nil {
+		return creq
+	}
+	if creq.Env == nil {
+		creq.Env = src.Env
+	}
+	for _, f := range []struct{ dst, src *int64 }{
+		{&creq.Limits.MemoryBytes, &src.Limits.MemoryBytes}, {&creq.Limits.CPUMillis, &src.Limits.CPUMillis},
+		{&creq.Limits.Pids, &src.Limits.Pids}, {&creq.Limits.DiskBytes, &src.Limits.DiskBytes},
+	} {
+		if *f.dst == 0 {
+			*f.dst = *f.src
+		}
+	}
+	if creq.TimeoutSeconds == nil {
+		t := src.TimeoutSeconds
+		creq.TimeoutSeconds = &t
+	}
+	if creq.Network == nil && src.Network != nil {
+		n := *src.Network
+		creq.Network = &n
+	}
+	if creq.AutoPauseSeconds == nil && src.AutoPauseSeconds > 0 {
+		a := src.AutoPauseSeconds
+		creq.AutoPauseSeconds = &a
+	}
+	if creq.OnTimeout == "" {
+		creq.OnTimeout = src.OnTimeout
+	}
+	if req.PublicPorts == nil {
+		creq.PublicPorts = src.PublicPorts
+	}
+	if req.AutoResume == nil {
+		creq.AutoResume = src.AutoResume
+	}
+	return creq
 }
 
 // sandboxLock serialises lifecycle operations on one sandbox in this
@@ -537,18 +598,13 @@ func (s *Service) Fork(ctx context.Context, projectID, snapID string, req ForkRe
 	if snap.State != SnapshotReady {
 		return nil, nil, fmt.Errorf("snapshot is %s: %w", snap.State, ErrConflict)
 	}
-	creq := CreateRequest{Template: snap.Template, TemplateRef: snap.TemplateKey(), Env: req.Env, Metadata: req.Metadata, Limits: req.Limits,
-		TimeoutSeconds: req.TimeoutSeconds, Network: req.Network}
-	if src, err := s.store.GetSandbox(ctx, projectID, snap.SandboxID); err == nil {
-		if creq.Env == nil {
-			creq.Env = src.Env
-		}
-		if creq.Limits == (Limits{}) {
-			creq.Limits = src.Limits
-		}
-		// A fork's ports are as open as its source's.
-		creq.PublicPorts = src.PublicPorts
+	var src *Sandbox
+	if sb, err := s.store.GetSandbox(ctx, projectID, snap.SandboxID); err == nil {
+		src = &sb
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, nil, err
 	}
+	creq := forkCreate(snap, req, src)
 	var sbs []Sandbox
 	var ops []Operation
 	// Every sandbox of the fork carries the fork request's fingerprint: a

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"github.com/space-sandbox/space/internal/audit"
 	"io"
 	"net/http"
 	"os"
@@ -54,6 +55,10 @@ type Options struct {
 	// PortURLs, if set, builds the URLs of forwarded ports in the port
 	// listing.
 	PortURLs *portfwd.URLs
+	// Audit receives refusals: a session token used on another sandbox,
+	// a files or command request the sandbox refused with 403. Nil
+	// discards them.
+	Audit *audit.Log
 }
 
 // Server is the data-plane handler.
@@ -112,7 +117,12 @@ func New(o Options) *Server {
 				err = rt.h(s, w, r, sb)
 			}
 			if err != nil {
-				httpx.WriteError(w, mapAgentError(err))
+				err = mapAgentError(err)
+				if st, code, msg := httpx.StatusOf(err); st == http.StatusForbidden && sb != nil {
+					s.o.Audit.Record(r.Context(), audit.Event{Action: "data " + rt.method + " " + rt.pattern, Outcome: "denied",
+						ProjectID: sb.ProjectID, Kind: "sandbox", Target: sb.ID, Reason: code + ": " + msg})
+				}
+				httpx.WriteError(w, err)
 			}
 		})
 	}
@@ -158,6 +168,8 @@ func (s *Server) authorize(r *http.Request) (*node.Sandbox, error) {
 	// A token names exactly one sandbox; any other id is "not found" so a
 	// token reveals nothing about sandboxes it is not for.
 	if sess.SandboxID != r.PathValue("id") {
+		s.o.Audit.Record(r.Context(), audit.Event{Action: "data " + r.Method + " " + r.Pattern, Outcome: "denied", ProjectID: sess.ProjectID,
+			Kind: "sandbox", Target: truncate(r.PathValue("id"), 64), Reason: "session token of sandbox " + sess.SandboxID + " used on another sandbox"})
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found")
 	}
 	sb, err := s.o.Node.Sandbox(sess.SandboxID)

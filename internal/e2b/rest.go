@@ -440,7 +440,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		// A snapshot id as the template (createSnapshot's answer): a fork
 		// of that snapshot, with its files (and processes, where the
 		// driver captured them).
-		sb, op, err = a.createFromSnapshot(r, p, alias, &req, timeout, network, onTimeout != "" || autoResume)
+		sb, op, err = a.createFromSnapshot(r, p, alias, &req, timeout, network)
 	} else {
 		sb, op, err = a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
 			Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,

@@ -186,13 +186,26 @@ func (a *API) deleteSnapshot(w http.ResponseWriter, r *http.Request, p auth.Prin
 
 // createFromSnapshot starts create's sandbox as a fork of a snapshot of the
 // caller's project (another project's is not found).
+//
+// What the request says wins; what it leaves out (network, public
+// traffic, autoPause, autoResume) is the source sandbox's, as for a native
+// fork (docs/security.md, "Security attributes by creation path").
 func (a *API) createFromSnapshot(r *http.Request, p auth.Principal, snapID string, req *newSandboxReq, timeout int64,
-	network *core.NetworkPolicy, lifecycle bool) (core.Sandbox, core.Operation, error) {
-	if lifecycle {
-		return core.Sandbox{}, core.Operation{}, errf(http.StatusBadRequest, "autoPause and autoResume are not supported for a sandbox created from a snapshot")
+	network *core.NetworkPolicy) (core.Sandbox, core.Operation, error) {
+	freq := core.ForkRequest{Count: 1, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout, Network: network}
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
+		freq.PublicPorts = req.Network.AllowPublicTraffic
 	}
-	sbs, ops, err := a.o.Service.Fork(r.Context(), p.ProjectID, snapID, core.ForkRequest{Count: 1, Env: req.EnvVars,
-		Metadata: req.Metadata, TimeoutSeconds: &timeout, Network: network}, "")
+	if req.AutoPause != nil {
+		freq.OnTimeout = core.OnTimeoutDelete
+		if *req.AutoPause {
+			freq.OnTimeout = core.OnTimeoutHibernate
+		}
+	}
+	if req.AutoResume != nil {
+		freq.AutoResume = &req.AutoResume.Enabled
+	}
+	sbs, ops, err := a.o.Service.Fork(r.Context(), p.ProjectID, snapID, freq, "")
 	if err != nil {
 		return core.Sandbox{}, core.Operation{}, err
 	}

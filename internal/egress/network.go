@@ -49,6 +49,7 @@ func NewNetwork(lc netns.Config, gc Config) (*Network, error) {
 	}
 	gw, err := New(gc)
 	if err != nil {
+		links.Unclaim()
 		return nil, err
 	}
 	logf := gc.Logf
@@ -111,7 +112,10 @@ func (n *Network) Counters(id string) (map[string]uint64, error) { return n.Link
 
 // Close stops the gateway. Links and rules stay: sandboxes outlive the
 // node process, and with the gateway gone their connections are refused.
-func (n *Network) Close() { n.GW.Close() }
+func (n *Network) Close() {
+	n.GW.Close()
+	n.Links.Unclaim()
+}
 
 // RemoveIfUnused deletes the host table once no sandbox link of this
 // network is left on the host (a node shutting down with no sandboxes).

@@ -54,7 +54,11 @@ type Config struct {
 	// <Pool6>::n:1 for GW and ::n:2 for the sandbox); default
 	// fd73:7061:6365::/48. It must be /96 or shorter.
 	Pool6 netip.Prefix
-	Logf  func(string, ...any)
+	// ClaimDir is where managers on this host record what they own
+	// (DefaultClaimDir if empty); Owner names this one in those records
+	// and in errors (e.g. the server's data dir).
+	ClaimDir, Owner string
+	Logf            func(string, ...any)
 }
 
 // Config.IPv6 values.
@@ -98,6 +102,7 @@ type Link struct {
 // Manager owns the pool, the veths and the nftables table.
 type Manager struct {
 	cfg   Config
+	claim *os.File // holds this manager's claim on its host-wide names (claim.go)
 	slots int
 	ifRE  *regexp.Regexp
 
@@ -160,17 +165,34 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.IPv6 == IPv6On && 112-cfg.Pool6.Bits() < 30-cfg.Pool.Bits() {
 		return nil, fmt.Errorf("netns: IPv6 pool %s has fewer /112s than the pool %s has /30s", cfg.Pool6, cfg.Pool)
 	}
+	claimFile, err := claimHost(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m := &Manager{
 		cfg:   cfg,
+		claim: claimFile,
 		slots: 1 << (30 - cfg.Pool.Bits()),
 		ifRE:  regexp.MustCompile(`^` + cfg.IfPrefix + `([0-9a-f]{1,8})$`),
 		links: map[string]*Link{},
 		used:  map[int]string{},
 	}
 	if err := m.ensureTable(); err != nil {
+		m.Unclaim()
 		return nil, err
 	}
 	return m, nil
+}
+
+// Unclaim gives up the manager's claim on its pools, table and interface
+// prefix (its process exiting does the same). Call it once the manager is
+// no longer used.
+func (m *Manager) Unclaim() {
+	if m.claim != nil {
+		_ = os.Remove(m.claim.Name())
+		_ = m.claim.Close()
+		m.claim = nil
+	}
 }
 
 // Config returns the effective configuration.
@@ -552,6 +574,7 @@ func (m *Manager) Counters(id string) (map[string]uint64, error) {
 // Destroy removes the whole table and every veth of this manager's prefix
 // (tests; a node keeps its table across restarts).
 func (m *Manager) Destroy() error {
+	defer m.Unclaim()
 	links, _ := netlink.LinkList()
 	for _, link := range links {
 		if m.ifRE.MatchString(link.Attrs().Name) {

@@ -213,11 +213,14 @@ func TestSweepAndAdopt(t *testing.T) {
 	if _, err := m.Setup(ctx, "sbx-gone", p2); err != nil {
 		t.Fatal(err)
 	}
-	// A new manager (a restarted node) knows nothing until it adopts.
+	// A new manager (a restarted node) knows nothing until it adopts. The
+	// old one's process would be gone, and its claim with it.
+	m.Unclaim()
 	m2, err := New(m.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(m2.Unclaim)
 	l, err := m2.Adopt("sbx-keep")
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,8 @@ package portfwd
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/space-sandbox/space/internal/audit"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -52,7 +54,10 @@ type Options struct {
 	// credential, for sandboxes with public ports only
 	// (core.Service.AutoResumePublic).
 	WakePublic func(ctx context.Context, id string) (bool, error)
-	Logf       func(string, ...any)
+	// Audit receives refusals of a credential for another sandbox or
+	// port; nil discards them.
+	Audit *audit.Log
+	Logf  func(string, ...any)
 }
 
 // Forwarder is the data listener's port-forwarding front door.
@@ -251,6 +256,7 @@ func (f *Forwarder) credential(r *http.Request, t Target) (g auth.PortGrant, fro
 			"port %d of this sandbox is private: send the session token (%s) or open a signed URL (POST /v1/sandboxes/{id}/ports/{port}/url)", t.Port, HeaderToken)
 	}
 	expired, other := false, false
+	var otherGrant auth.PortGrant
 	for _, c := range cands {
 		grant, err := f.verify(c.tok)
 		if errors.Is(err, auth.ErrExpired) {
@@ -263,10 +269,12 @@ func (f *Forwarder) credential(r *http.Request, t Target) (g auth.PortGrant, fro
 		if grant.Covers(t.SandboxID, t.Port) {
 			return grant, c.query, nil
 		}
-		other = true
+		other, otherGrant = true, grant
 	}
 	switch {
 	case other:
+		f.o.Audit.Record(r.Context(), audit.Event{Action: "port forward", Outcome: "denied", ProjectID: otherGrant.ProjectID, Kind: "port",
+			Target: fmt.Sprintf("%.64s:%d", t.SandboxID, t.Port), Reason: "a credential of sandbox " + otherGrant.SandboxID + " used on another sandbox or port"})
 		return g, false, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found or not running")
 	case expired:
 		return g, false, httpx.Errorf(http.StatusUnauthorized, "token_expired", "the token has expired; ask the control API for a new one")

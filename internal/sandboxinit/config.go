@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -54,6 +55,22 @@ type Config struct {
 	Work     string // overlay work dir
 	Merged   string // where the overlay is mounted and pivoted into
 	Hostname string
+	// ShmBytes sizes /dev/shm (a tmpfs charged to the sandbox's memory);
+	// 0 = DefaultShmBytes.
+	ShmBytes int64
+}
+
+// DefaultShmBytes is /dev/shm's size when the host names none (Docker's).
+const DefaultShmBytes = 64 << 20
+
+// ShmSize is /dev/shm's size for a sandbox with memory limit mem (0 =
+// none): DefaultShmBytes, or half the limit when that is less, so shared
+// memory alone cannot take the whole allowance.
+func ShmSize(mem int64) int64 {
+	if mem > 0 && mem/2 < DefaultShmBytes {
+		return max(mem/2, 1<<20)
+	}
+	return DefaultShmBytes
 }
 
 // Args renders c as command-line arguments for ParseArgs.
@@ -64,6 +81,7 @@ func (c Config) Args() []string {
 		"--work=" + c.Work,
 		"--merged=" + c.Merged,
 		"--hostname=" + c.Hostname,
+		"--shm-bytes=" + strconv.FormatInt(c.ShmBytes, 10),
 	}
 }
 
@@ -77,6 +95,7 @@ func ParseArgs(args []string) (Config, error) {
 	fs.StringVar(&c.Work, "work", "", "overlay work dir")
 	fs.StringVar(&c.Merged, "merged", "", "overlay mount point")
 	fs.StringVar(&c.Hostname, "hostname", "", "hostname")
+	fs.Int64Var(&c.ShmBytes, "shm-bytes", 0, "size of /dev/shm in bytes (0: the default)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, fmt.Errorf("sandboxinit: %w", err)
 	}

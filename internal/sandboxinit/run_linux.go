@@ -207,7 +207,7 @@ func mountAll(cfg Config, logf func(string, ...any)) error {
 	if err := mount("proc", filepath.Join(m, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	if err := mountDev(filepath.Join(m, "dev")); err != nil {
+	if err := mountDev(filepath.Join(m, "dev"), cfg.ShmBytes); err != nil {
 		return err
 	}
 	sys := filepath.Join(m, "sys")
@@ -257,7 +257,7 @@ func mount(source, target, fstype string, flags uintptr, data string) error {
 // mountDev builds a minimal /dev: a tmpfs with the harmless host device
 // nodes bound in (a user namespace cannot mknod), a private devpts and a
 // /dev/shm.
-func mountDev(dev string) error {
+func mountDev(dev string, shm int64) error {
 	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=755,size=65536k"); err != nil {
 		return err
 	}
@@ -281,7 +281,11 @@ func mountDev(dev string) error {
 		"newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
 		return err
 	}
-	if err := mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777"); err != nil {
+	if shm <= 0 {
+		shm = DefaultShmBytes
+	}
+	if err := mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC,
+		"mode=1777,size="+strconv.FormatInt(shm, 10)); err != nil {
 		return err
 	}
 	for name, target := range map[string]string{

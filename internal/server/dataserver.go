@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"github.com/space-sandbox/space/internal/audit"
 	"net/http"
 	"time"
 
@@ -18,7 +19,10 @@ import (
 // ports first (they are matched by Host, E2B headers or a /ports/ path),
 // then E2B's envd, then SPACE's data plane. svc is nil on space node
 // (auto-resume is the control server's).
-func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.Envd, dataURL string, svc *core.Service) *http.Server {
+//
+// al receives data-plane refusals (a credential used on another sandbox
+// or port, a files request refused 403); nil discards them.
+func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.Envd, dataURL string, svc *core.Service, al *audit.Log) *http.Server {
 	urls := portfwd.NewURLs(dataURL, cfg.SandboxDomain)
 	var wake func(ctx context.Context, projectID, id string) (bool, error)
 	var wakePublic func(ctx context.Context, id string) (bool, error)
@@ -26,8 +30,8 @@ func newDataServer(cfg Config, n *node.Node, sessions *auth.Sessions, envd *e2b.
 		wake, wakePublic = svc.AutoResume, svc.AutoResumePublic
 	}
 	fwd := portfwd.New(portfwd.Options{Node: n, Sessions: sessions, Domain: cfg.SandboxDomain,
-		MaxConns: cfg.MaxPortConns, Wake: wake, WakePublic: wakePublic, Logf: cfg.Logf})
-	dp := dataplane.New(dataplane.Options{Node: n, Sessions: sessions, Logf: cfg.Logf, Wake: wake, PortURLs: &urls})
+		MaxConns: cfg.MaxPortConns, Wake: wake, WakePublic: wakePublic, Logf: cfg.Logf, Audit: al})
+	dp := dataplane.New(dataplane.Options{Node: n, Sessions: sessions, Logf: cfg.Logf, Wake: wake, PortURLs: &urls, Audit: al})
 	srv := &http.Server{Handler: httpx.Limits(fwd.Wrap(envd.Wrap(dp))),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	// HTTP/2 without TLS (prior knowledge) as well as HTTP/1.1: gRPC and

@@ -368,6 +368,9 @@ func openNetwork(cfg Config) (*egress.Network, error) {
 	if lc.Logf == nil {
 		lc.Logf = cfg.Logf
 	}
+	if lc.Owner == "" {
+		lc.Owner = "data dir " + cfg.DataDir
+	}
 	var err error
 	if gc.UpstreamRoots, err = upstreamRoots(gc.UpstreamRoots, cfg.Egress.UpstreamCAFile); err != nil {
 		return nil, fmt.Errorf("egress: %w", err)

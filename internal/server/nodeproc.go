@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/space-sandbox/space/internal/fdhygiene"
+
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
@@ -97,6 +99,37 @@ type trackedRuntime struct {
 
 	mu   sync.Mutex
 	live map[string]core.Limits
+	// gen numbers the committed set (cluster.Generations): bumped on every
+	// change, from the node's start time in nanoseconds so that a
+	// restarted node is ahead of what its previous process reported;
+	// added says at which generation each live sandbox came.
+	gen   uint64
+	added map[string]uint64
+}
+
+var _ cluster.Generations = (*trackedRuntime)(nil)
+
+// Generation implements cluster.Generations.
+func (t *trackedRuntime) Generation() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.gen
+}
+
+// AddedAt implements cluster.Generations.
+func (t *trackedRuntime) AddedAt(id string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.added[id]
+}
+
+// commit records id's limits (t.mu held).
+func (t *trackedRuntime) commit(id string, l core.Limits) {
+	if _, ok := t.live[id]; !ok {
+		t.gen++
+		t.added[id] = t.gen
+	}
+	t.live[id] = l
 }
 
 func (t *trackedRuntime) reserve(sb core.Sandbox) error {
@@ -105,13 +138,17 @@ func (t *trackedRuntime) reserve(sb core.Sandbox) error {
 	if _, ok := t.live[sb.ID]; !ok && t.max > 0 && len(t.live) >= t.max {
 		return fmt.Errorf("node runs %d sandboxes, its maximum: %w", len(t.live), core.ErrExhausted)
 	}
-	t.live[sb.ID] = sb.Limits
+	t.commit(sb.ID, sb.Limits)
 	return nil
 }
 
 func (t *trackedRuntime) release(id string) {
 	t.mu.Lock()
-	delete(t.live, id)
+	if _, ok := t.live[id]; ok {
+		t.gen++
+		delete(t.live, id)
+		delete(t.added, id)
+	}
 	t.mu.Unlock()
 	t.net.mu.Lock()
 	t.net.set(id, nil)
@@ -179,12 +216,12 @@ func (t *trackedRuntime) AdoptSandbox(ctx context.Context, sb core.Sandbox) erro
 	}
 	t.reattachNetwork(ctx, sb)
 	t.mu.Lock()
-	t.live[sb.ID] = sb.Limits
+	t.commit(sb.ID, sb.Limits)
 	t.mu.Unlock()
 	return nil
 }
 
-func (t *trackedRuntime) usage() (ids []string, cpu, mem int64) {
+func (t *trackedRuntime) usage() (ids []string, cpu, mem int64, gen uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, l := range t.live {
@@ -192,7 +229,7 @@ func (t *trackedRuntime) usage() (ids []string, cpu, mem int64) {
 		cpu += l.CPUMillis
 		mem += l.MemoryBytes
 	}
-	return ids, cpu, mem
+	return ids, cpu, mem, t.gen
 }
 
 // hostMemory reads MemTotal from /proc/meminfo (0 if unknown).
@@ -216,6 +253,14 @@ func hostMemory() int64 {
 func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, error) {
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = DefaultConfig().Logf
+	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
 	}
 	cfg = withLoggers(cfg)
 	if _, err := cluster.CheckSecret(nc.Secret); err != nil {
@@ -259,7 +304,14 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			p.closeAll(context.Background())
+			left := 0
+			if p.node != nil {
+				left = p.node.Count()
+			}
+			tidyHost(p.cfg, left, p.net)
 		}
 	}()
 	st, err := OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf)
@@ -288,7 +340,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
-	drv, _, err := pickDriver(cfg, cfg.Logf, p.net)
+	drv, _, err := pickDataDirDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +379,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.engine.SetLogger(cfg.Logger)
 	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{},
-		net: netState{creds: map[string][]string{}}}
+		gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}, net: netState{creds: map[string][]string{}}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
 	}
@@ -393,7 +445,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	// paused sandboxes (a wake from hibernation is a replica's).
 	wakeSvc := core.NewService(p.store, p.engine, broker, nodePauser{lifecycleOnly{p.rt}}, core.ServiceOptions{NodeName: cfg.NodeName, Logf: cfg.Logf})
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: wakeSvc.AutoResume})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakeSvc)
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakeSvc, nil)
 	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
 		link: nodeLinkClient(nc, cfg.Logf), logf: cfg.Logf, peers: map[string]*peer{}}
 	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
@@ -452,11 +504,11 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 			names = append(names, t.Name)
 		}
 	}
-	ids, cpu, mem := p.rt.usage()
+	ids, cpu, mem, gen := p.rt.usage()
 	prev, err := p.ns.PutNode(ctx, core.NodeRecord{Name: p.cfg.NodeName, Kind: core.NodeKindNode,
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
-		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Templates: names,
+		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Generation: gen, Templates: names,
 		SnapshotStore: p.snapStore, Egress: p.net != nil, EgressRanges: p.ranges, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err
@@ -499,7 +551,7 @@ func (p *NodeProcess) run(ctx context.Context) {
 			p.cfg.Logf("heartbeat: %v", err)
 		}
 		if n++; n%30 == 0 {
-			ids, _, _ := p.rt.usage()
+			ids, _, _, _ := p.rt.usage()
 			p.resync(ctx, ids)
 		}
 	}

@@ -147,7 +147,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL, SandboxDomain: cfg.SandboxDomain,
-		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit,
+		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, Credentials: noRemoteCredentials{},
 		Info: func() api.Info {
 			egress, ranges := remoteEgress(remote, cfg.NodeTimeout)
 			return api.Info{Driver: "remote", DriverReason: "--remote-nodes: sandboxes run on registered space node processes",
@@ -157,7 +157,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if fleetCreds != nil {
 		apiOpts.Credentials = fleetCreds
 	}
-	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(remoteRefusals(api.New(apiOpts))), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {
 		return nil, err
 	}

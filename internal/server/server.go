@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/space-sandbox/space/internal/audit"
+	"github.com/space-sandbox/space/internal/fdhygiene"
 	"log"
 	"log/slog"
 	"net"
@@ -433,6 +434,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logf == nil && cfg.Logger == nil {
 		cfg.Logf = log.Printf
 	}
+	// Nothing this process inherited may reach a sandbox, runsc, qemu or
+	// firecracker: children get only what is passed on purpose.
+	if err := fdhygiene.MarkInherited(); err != nil {
+		return nil, err
+	}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
 	cfg = withLoggers(cfg)
 	if cfg.RemoteNodes {
 		return startRemote(ctx, cfg)
@@ -454,7 +463,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			// A start that failed (or was interrupted by SIGTERM) leaves
+			// nothing behind but what surviving sandboxes need.
 			s.closeAll(context.Background())
+			left := 0
+			if s.node != nil {
+				left = s.node.Count()
+			}
+			tidyHost(s.cfg, left, s.net)
 		}
 	}()
 	var err error
@@ -484,7 +500,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
-	drv, driverReason, err := pickDriver(cfg, cfg.Logf, s.net)
+	drv, driverReason, err := pickDataDirDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
 	}
@@ -591,7 +607,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// envelope: httpx.Limits below net/http's own (higher) header limit, and
 	// httpx.Listener for what net/http answers itself.
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), func() []string { return []string{dataURL} })), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
-	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc)
+	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc, s.audit)
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}
@@ -626,6 +642,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ok = true
 	cfg.Logf("space server: control API on http://%s, data plane on %s, data dir %s", s.ctrlLn.Addr(), dataURL, cfg.DataDir)
 	return s, nil
+}
+
+// checkConfig refuses settings the server would otherwise bend silently.
+func checkConfig(cfg Config) error {
+	if cfg.MaxOutputBytes != 0 && cfg.MaxOutputBytes < node.MinMaxLogBytes {
+		return fmt.Errorf("--max-output-bytes %d is below the minimum %d (4 MiB): %w", cfg.MaxOutputBytes, node.MinMaxLogBytes, core.ErrInvalid)
+	}
+	return nil
 }
 
 // IsPostgres reports whether store names a PostgreSQL database.

@@ -43,6 +43,10 @@ func tidyHost(cfg Config, left int, n *egress.Network) {
 			m.RemoveBase()
 		}
 	}
+	// runsc makes the same names in hierarchies the cgroups package does
+	// not manage (blkio, cpuset, devices, freezer, systemd, ...): remove
+	// those too, deepest first, each only if empty.
+	removeEmptyTrees(before)
 	var gone, still []string
 	for _, d := range before {
 		if _, err := os.Stat(d); errors.Is(err, fs.ErrNotExist) {
@@ -74,6 +78,23 @@ func tidyHost(cfg Config, left int, n *egress.Network) {
 		msg += "; kept " + strings.Join(kept, "; ")
 	}
 	logf("%s", msg)
+}
+
+// removeEmptyTrees removes each directory of dirs and what is below it,
+// deepest first; a cgroup that still has processes or children refuses.
+func removeEmptyTrees(dirs []string) {
+	for _, d := range dirs {
+		var all []string
+		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			os.Remove(all[i])
+		}
+	}
 }
 
 // cgroupDirs lists the cgroup directories named one of names (in any

@@ -96,6 +96,9 @@ func (c *Client) ListSandboxes(ctx context.Context, o ListOptions) (SandboxPage,
 	if o.PageToken != "" {
 		q.Set("page_token", o.PageToken)
 	}
+	if o.AllProjects {
+		q.Set("all_projects", "true")
+	}
 	u := c.base + "/v1/sandboxes"
 	if len(q) > 0 {
 		u += "?" + q.Encode()

@@ -24,7 +24,18 @@ type SandboxConn struct {
 	s    Session
 	base string // <data_url>/v1/sandboxes/<id>
 	r    requester
-	err  error // set when the session cannot be used
+	err  error  // set when the session cannot be used
+	user string // file calls act as this user (AsUser); "" the default
+}
+
+// AsUser returns a connection whose file calls (Upload, Download, ListDir,
+// Stat, Mkdir, Move, Remove) act as user inside the sandbox: a name from
+// its /etc/passwd or a numeric uid. They get that user's permissions and
+// what they create belongs to it. "" is the sandbox's default user.
+func (c *SandboxConn) AsUser(user string) *SandboxConn {
+	cp := *c
+	cp.user = user
+	return &cp
 }
 
 // NewSandboxConn returns a data-plane connection for a session obtained
@@ -64,6 +75,9 @@ func (c *SandboxConn) fileURL(suffix, path string, extra url.Values) (string, er
 	q := url.Values{"path": {path}}
 	for k, v := range extra {
 		q[k] = v
+	}
+	if c.user != "" {
+		q.Set("user", c.user)
 	}
 	return c.base + "/files" + suffix + "?" + q.Encode(), nil
 }
@@ -362,6 +376,9 @@ func (c *SandboxConn) Mkdir(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
+	if c.user != "" {
+		u += "?" + url.Values{"user": {c.user}}.Encode()
+	}
 	_, err = c.r.do(ctx, request{method: http.MethodPost, url: u, json: map[string]string{"path": path}})
 	return err
 }
@@ -371,6 +388,9 @@ func (c *SandboxConn) Move(ctx context.Context, from, to string) error {
 	u, err := c.url("/files/move")
 	if err != nil {
 		return err
+	}
+	if c.user != "" {
+		u += "?" + url.Values{"user": {c.user}}.Encode()
 	}
 	_, err = c.r.do(ctx, request{method: http.MethodPost, url: u, json: map[string]string{"from": from, "to": to}})
 	return err

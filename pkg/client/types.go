@@ -46,6 +46,17 @@ type CreateRequest struct {
 	// PublicPorts opens the sandbox's forwarded ports to anyone with the
 	// URL; otherwise each request needs the session token or a signed URL.
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// Network is the egress policy; nil: blocked (needs a server run
+	// with --egress for anything else).
+	Network *NetworkPolicy `json:"network,omitempty"`
+	// AutoPauseSeconds pauses the sandbox after this long without
+	// data-plane activity; nil or 0: never.
+	AutoPauseSeconds *int64 `json:"auto_pause_seconds,omitempty"`
+	// OnTimeout is "delete" (the default) or "hibernate".
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume makes data-plane calls resume a paused or hibernated
+	// sandbox.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // Sandbox is a sandbox as the control API reports it.
@@ -65,6 +76,11 @@ type Sandbox struct {
 	UpdatedAt   time.Time         `json:"updated_at"`
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty"` // nil: never
 	PublicPorts bool              `json:"public_ports,omitempty"`
+	// Network is the egress policy; nil: blocked.
+	Network          *NetworkPolicy `json:"network,omitempty"`
+	AutoPauseSeconds int64          `json:"auto_pause_seconds,omitempty"`
+	OnTimeout        string         `json:"on_timeout,omitempty"` // "" or "delete", or "hibernate"
+	AutoResume       bool           `json:"auto_resume,omitempty"`
 }
 
 // OpError is the error recorded on a failed operation.
@@ -146,6 +162,8 @@ type ListOptions struct {
 	Metadata  map[string]string // exact matches, all must hold
 	Limit     int               // page size, 1..1000; 0 takes the server default (100)
 	PageToken string            // NextPageToken of the previous page
+	// AllProjects lists every project's sandboxes (admin keys only).
+	AllProjects bool
 }
 
 // SandboxPage is one page of ListSandboxes.

@@ -1,6 +1,7 @@
 // Package docs runs the shell blocks of the documentation (README.md and
 // every docs/*.md) against a fresh `space server`, with SPACE_URL and
-// SPACE_API_KEY set and `space` on the PATH. Each file runs in its own bash,
+// SPACE_API_KEY set, SPACE_DATA_DIR naming the server's data dir (as
+// scripts/quickstart.sh reads it) and `space` on the PATH. Each file runs in its own bash,
 // block by block, in order: variables, functions and the working directory
 // carry from one block to the next as they would for a reader, and every
 // failing block is reported as file:line with its output.
@@ -314,7 +315,7 @@ func TestDocs(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, "bash", "-c", sh)
 			cmd.Dir = work
-			cmd.Env = append(os.Environ(), "SPACE_URL="+srv.Ctrl, "SPACE_API_KEY="+key,
+			cmd.Env = append(os.Environ(), "SPACE_URL="+srv.Ctrl, "SPACE_API_KEY="+key, "SPACE_DATA_DIR="+srv.DataDir,
 				"PATH="+filepath.Dir(srv.Bin)+":"+os.Getenv("PATH"), "PYTHONDONTWRITEBYTECODE=1")
 			out, err := cmd.CombinedOutput()
 			t.Logf("%d blocks run:\n%s", ran, out)
@@ -346,14 +347,7 @@ func TestDocs(t *testing.T) {
 // every flag `space server -h` prints. Needs no root.
 func TestConfigurationListsEveryFlag(t *testing.T) {
 	root := testenv.RepoRoot()
-	bin := filepath.Join(t.TempDir(), "space")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/space")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	help, _ := exec.Command(bin, "server", "-h").CombinedOutput() // exits 1 after printing
+	help := serverHelp(t)
 	doc, err := os.ReadFile(filepath.Join(root, "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)

@@ -159,6 +159,19 @@ func TestEgressQemu(t *testing.T) {
 		t.Skip("qemu driver: " + why)
 	}
 	start := time.Now()
+	// A descriptor this process holds without close-on-exec, as a careless
+	// supervisor would leave one: the in-process server marks it at start,
+	// so no QEMU process may hold it (issue 22).
+	leakR, leakW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leakR.Close()
+	defer leakW.Close()
+	if _, err := unix.FcntlInt(leakW.Fd(), unix.F_SETFD, 0); err != nil {
+		t.Fatal(err)
+	}
+	leakTarget, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", leakW.Fd()))
 	e := startOpts(t, startOptions{driver: qemu.Name, noWarmPool: true})
 	var info struct {
 		Driver string `json:"driver"`
@@ -196,6 +209,9 @@ func TestEgressQemu(t *testing.T) {
 		sbs[m] = e.waitCreated(t, sbs[m], ops[m], 3*time.Minute)
 	}
 	t.Logf("3 qemu sandboxes booted in %v", time.Since(t0).Round(100*time.Millisecond))
+	if holders := fdHolders(leakTarget); len(holders) > 0 {
+		t.Errorf("processes other than the test hold its leaked descriptor %s: %v", leakTarget, holders)
+	}
 
 	// Commands the agent starts run as root with CAP_NET_ADMIN but without
 	// CAP_NET_RAW (the agent drops it from the bounding set, as in every
@@ -531,4 +547,24 @@ func startCapture(fd int, guest netip.Addr) *vethCapture {
 		}
 	}()
 	return c
+}
+
+// fdHolders lists the processes other than this one with a descriptor on
+// target (a readlink form such as pipe:[123]). It only reads /proc.
+func fdHolders(target string) []string {
+	var out []string
+	pids, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range pids {
+		if p == fmt.Sprintf("/proc/%d", os.Getpid()) {
+			continue
+		}
+		ents, _ := os.ReadDir(p + "/fd")
+		for _, e := range ents {
+			if l, err := os.Readlink(p + "/fd/" + e.Name()); err == nil && l == target {
+				comm, _ := os.ReadFile(p + "/comm")
+				out = append(out, p+" ("+strings.TrimSpace(string(comm))+")")
+			}
+		}
+	}
+	return out
 }

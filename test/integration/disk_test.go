@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -112,6 +113,10 @@ func testDiskQuota(t *testing.T, drv string) {
 		if st, m, _ := e.call("POST", "/v1/sandboxes", e.key, map[string]any{"template": "minimal", "limits": map[string]any{"disk_bytes": bad}}); st != 400 {
 			t.Errorf("disk_bytes %d: %d %v, want 400", bad, st, m)
 		}
+	}
+	// Not a whole MiB: refused, not rounded silently (issue 22).
+	if st, m, _ := e.call("POST", "/v1/sandboxes", e.key, map[string]any{"template": "minimal", "limits": map[string]any{"disk_bytes": limit + 4096}}); st != 400 || !strings.Contains(fmt.Sprint(m), "whole number of MiB") {
+		t.Errorf("disk_bytes %d: %d %v, want 400 naming whole MiB", limit+4096, st, m)
 	}
 	full := e.create(t, map[string]any{"limits": map[string]any{"disk_bytes": limit}}) // cold: not the warm pool's size
 	other := e.create(t, nil)                                                          // the warm one, default disk

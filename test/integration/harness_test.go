@@ -98,9 +98,19 @@ func wantBase() bool { return os.Getenv("SPACE_TEST_BASE") == "1" }
 // and removed when the calling test ends.
 func extraServer(t *testing.T, prefix, drv string, args ...string) *env {
 	t.Helper()
+	return extraServerWith(t, prefix, drv, nil, args...)
+}
+
+// extraServerWith is extraServer with prep run on the server before it
+// starts (e.g. to give it descriptors to inherit).
+func extraServerWith(t *testing.T, prefix, drv string, prep func(*testenv.Server), args ...string) *env {
+	t.Helper()
 	srv, err := testenv.New(prefix)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if prep != nil {
+		prep(srv)
 	}
 	srv.Driver = drv
 	srv.Args = append([]string{"--builtins", "minimal"}, args...)

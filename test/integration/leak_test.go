@@ -28,7 +28,10 @@ func (e *env) leaks() []string {
 		if strings.Count(p, "/") > 10 {
 			return filepath.SkipDir
 		}
-		if filepath.Base(filepath.Dir(p)) == e.CgroupBase() && strings.HasPrefix(filepath.Base(p), "sbx-") {
+		// Every hierarchy, managed or not (runsc makes its groups in
+		// blkio, devices, freezer, ... too), every driver's base.
+		if parent := filepath.Base(filepath.Dir(p)); (parent == e.CgroupBase() || parent == e.CgroupBase()+"-gvisor" || parent == e.CgroupBase()+"-qemu") &&
+			strings.HasPrefix(filepath.Base(p), "sbx-") {
 			out = append(out, "cgroup: "+p)
 			return filepath.SkipDir
 		}
@@ -160,7 +163,7 @@ func TestCrashRestart(t *testing.T) {
 	// A sandbox whose processes die while the server is down is reported lost.
 	lost := e.create(t, nil)
 	e.Kill9()
-	killSandboxProcesses(t)
+	e.killSandboxProcesses()
 	if err := e.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -171,24 +174,18 @@ func TestCrashRestart(t *testing.T) {
 	e.noLeaks(t)
 }
 
-// killSandboxProcesses kills every host process in the sandbox uid range.
-func killSandboxProcesses(t *testing.T) {
-	ents, _ := os.ReadDir("/proc")
-	for _, d := range ents {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
+// killSandboxProcesses kills every host process of this server's
+// sandboxes: those in the sandbox uid range and in its own cgroup base.
+// Never by uid range alone: another server's sandboxes on the same host
+// share the range (they all died at once when this helper did that).
+func (e *env) killSandboxProcesses() {
+	for _, l := range e.leaks() {
+		var pid int
+		if _, err := fmt.Sscanf(l, "process %d ", &pid); err != nil {
 			continue
 		}
-		st, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "status"))
-		for _, line := range strings.Split(string(st), "\n") {
-			if strings.HasPrefix(line, "Uid:") {
-				uid, _ := strconv.Atoi(strings.Fields(line)[1])
-				if uid >= 100000 && uid < 165536 {
-					if p, err := os.FindProcess(pid); err == nil {
-						p.Kill()
-					}
-				}
-			}
+		if p, err := os.FindProcess(pid); err == nil {
+			p.Kill()
 		}
 	}
 	time.Sleep(300 * time.Millisecond)

@@ -469,9 +469,9 @@ func TestMultiNode(t *testing.T) {
 			t.Fatalf("sandbox with a 1 s timeout: %v", sb)
 		}
 	}
-	// Snapshots stay on the node that took them: a snapshot through A, a
-	// fork of it through B (pinned to that node), a hibernation through B
-	// woken through A.
+	// A snapshot through A, forks of it through B (on any node: the nodes
+	// share the snapshot store, and forks spread by free capacity), a
+	// hibernation through B woken through A (on its own node, which is up).
 	if out, code, err := exec1(pr.dataURL, pr.token, pr.id, "sh", "-c", "mkdir -p /tmp && echo kept > /tmp/f"); err != nil || code != 0 {
 		t.Fatalf("write before snapshot: %q %d %v", out, code, err)
 	}
@@ -484,8 +484,8 @@ func TestMultiNode(t *testing.T) {
 	for _, x := range m["sandboxes"].([]any) {
 		f := x.(map[string]any)
 		fsb, sess := f["sandbox"].(map[string]any), f["session"].(map[string]any)
-		if fsb["node"] != pr.node {
-			t.Fatalf("fork placed on %v, its snapshot is on %s", fsb["node"], pr.node)
+		if fsb["node"] == "" || fsb["node"] == nil {
+			t.Fatalf("fork placed on no node: %v", fsb)
 		}
 		if done := c.waitOp(c.servers[1], opID(f), 30*time.Second); done["state"] != "succeeded" {
 			t.Fatalf("fork via B: %v", done)

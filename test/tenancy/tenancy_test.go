@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -203,27 +202,16 @@ func (w *world) create(t *testing.T, key, tpl string) (sandbox, string) {
 // buildFile starts a build-file build and returns its operation.
 func (w *world) buildFile(t *testing.T, key, name, file string, public bool, want int) string {
 	t.Helper()
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	fw, _ := mw.CreateFormField("buildfile")
-	fw.Write([]byte(file))
-	mw.Close()
-	u := w.srv.Ctrl + "/v1/templates/build?name=" + name
+	q := "name=" + name
 	if public {
-		u += "&public=true"
+		q += "&public=true"
 	}
-	req, _ := http.NewRequest("POST", u, &body)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	req.Header.Set("X-API-Key", key)
-	resp, err := testenv.HTTP.Do(req)
+	st, m, err := w.srv.BuildFile(key, q, file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var m map[string]any
-	json.NewDecoder(resp.Body).Decode(&m)
-	if resp.StatusCode != want {
-		t.Fatalf("build %s: %d %v, want %d", name, resp.StatusCode, m, want)
+	if st != want {
+		t.Fatalf("build %s: %d %v, want %d", name, st, m, want)
 	}
 	if want != 202 {
 		return ""

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"os"
 	"os/exec"
@@ -51,6 +52,9 @@ type Server struct {
 	// into a network namespace the test made); it must exec the server
 	// so that signals reach it.
 	Wrap []string
+	// ExtraFiles are passed to the server as descriptors 3, 4, ... without
+	// close-on-exec, as a careless supervisor would leak them.
+	ExtraFiles []*os.File
 
 	cmd *exec.Cmd
 }
@@ -114,6 +118,7 @@ func (s *Server) Start() error {
 	argv := append(append(append([]string(nil), s.Wrap...), s.Bin), args...)
 	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	s.cmd.ExtraFiles = s.ExtraFiles
 	if err := s.cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -134,6 +139,14 @@ func (s *Server) Start() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("server did not start; log:\n%s", s.LogTail(20000))
+}
+
+// PID is the server process's pid (0 before Start).
+func (s *Server) PID() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
 }
 
 // Kill9 kills the server the hard way and waits until it is gone.
@@ -198,6 +211,32 @@ func (s *Server) WaitTemplate(key, name string, d time.Duration) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("template %s not ready after %v; server log:\n%s", name, d, s.LogTail(20000))
+}
+
+// BuildFile posts a build file to POST /v1/templates/build?<query> (e.g.
+// "name=x&public=true") and returns the status and decoded answer.
+func (s *Server) BuildFile(key, query, file string) (int, map[string]any, error) {
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormField("buildfile")
+	fw.Write([]byte(file))
+	mw.Close()
+	req, err := http.NewRequest("POST", s.Ctrl+"/v1/templates/build?"+query, &body)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("X-API-Key", key)
+	resp, err := HTTP.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&m); err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("decode build answer: %w", err)
+	}
+	return resp.StatusCode, m, nil
 }
 
 // HTTP is the client the tests use.

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,7 +61,7 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	if _, err := i.d.r.run(ctx, "checkpoint", "-leave-running", "-image-path", imageDir, i.id); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
-	return nil
+	return writeJSON(filepath.Join(imageDir, idMapFile), i.d.idMap())
 }
 
 // releaseListener asks the agent to close its listening socket.
@@ -104,7 +105,38 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 	return d.create(ctx, spec, imageDir)
 }
 
+// idMapFile, in a checkpoint image, records the host id range the
+// sandbox's ids 0.. mapped to when it was captured.
+const idMapFile = "space-idmap.json"
+
+type idMap struct {
+	UIDBase  uint32 `json:"uid_base"`
+	UIDCount uint32 `json:"uid_count"`
+}
+
+func (d *Driver) idMap() idMap { return idMap{UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount} }
+
 // restoreArgs are the runsc arguments that start a sandbox from an image.
-func restoreArgs(imageDir, bundle, id string) []string {
-	return []string{"restore", "-detach", "-image-path", imageDir, "-bundle", bundle, id}
+//
+// An image captured on a node with another --uid-base carries another
+// uidMappings/gidMappings in its spec, and runsc's restore refuses any
+// change there ("UIDMappings" does not match). The mapping only says
+// which host ids the sandbox's ids stand for: the Sentry, its gofer and
+// the checkpointed state see the sandbox's own ids (0..UIDCount), and this
+// node materializes the writable layer under its own base. So for such an
+// image, of the same size, runsc validates the spec but only warns
+// (--restore-spec-validation=warning; a global flag, hence before the
+// subcommand); every other image is restored with validation enforced.
+func (d *Driver) restoreArgs(imageDir, bundle, id string) []string {
+	args := []string{"restore", "-detach", "-image-path", imageDir, "-bundle", bundle, id}
+	raw, err := os.ReadFile(filepath.Join(imageDir, idMapFile))
+	if err != nil {
+		return args
+	}
+	var m idMap
+	if json.Unmarshal(raw, &m) != nil || m == d.idMap() || m.UIDCount != d.opts.UIDCount {
+		return args
+	}
+	d.opts.Logf("gvisor: %s: image captured with host ids %d.. (this node: %d..): restoring it under this node's mapping", id, m.UIDBase, d.opts.UIDBase)
+	return append([]string{"--restore-spec-validation=warning"}, args...)
 }

@@ -445,7 +445,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	})
 	args := []string{"run", "-detach", "-bundle", dir, id}
 	if imageDir != "" {
-		args = restoreArgs(imageDir, dir, id)
+		args = d.restoreArgs(imageDir, dir, id)
 	}
 	if err := d.start(ctx, id, dir, network, args...); err != nil {
 		return nil, err

@@ -167,10 +167,12 @@ func TestNetworkHook(t *testing.T) {
 	if err := d.Sweep(testCtx(t), keep); err != nil {
 		t.Fatal(err)
 	}
+	n.m.Unclaim() // the restarted node's predecessor is gone, and its claim
 	restarted, err := netns.New(n.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(restarted.Unclaim)
 	if err := restarted.Sweep(keep); err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,11 @@ package gvisor
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/space-sandbox/space/internal/sandboxinit"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 
 	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
@@ -126,7 +128,8 @@ func (d *Driver) ociSpec(id, hostname, rootfs, sockDir, netns string, l cgroups.
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777",
+				"size=" + strconv.FormatInt(sandboxinit.ShmSize(l.MemoryBytes), 10)}},
 			// The Sentry's own cgroup2 filesystem (--in-sandbox-cgroup=v2),
 			// not the host's: the agent keeps the commands' pids cgroup in
 			// it (agentpids).

@@ -311,6 +311,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		Work:     "work",
 		Merged:   "merged",
 		Hostname: hostname,
+		ShmBytes: sandboxinit.ShmSize(spec.Limits.MemoryBytes),
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("namespace: %w", err)

@@ -677,17 +677,33 @@ class OutputStream:
 
 
 class Files:
-    """A sandbox's files (paths are absolute inside the sandbox). Bodies are streamed."""
+    """A sandbox's files (paths are absolute inside the sandbox). Bodies are streamed.
 
-    def __init__(self, sandbox):
+    Calls act as the sandbox's default user (the template's, else root) unless
+    user is given: a name from the sandbox's /etc/passwd or a numeric uid. They
+    then have that user's permissions (PermissionDenied where it may not read or
+    write) and what they create belongs to it. sandbox.files.as_user("root")
+    returns such a view."""
+
+    def __init__(self, sandbox, user=None):
         self._sb = sandbox
+        self.user = user
+
+    def as_user(self, user):
+        """These files as seen by user (a name or uid) inside the sandbox."""
+        return Files(self._sb, user)
+
+    def _q(self, **q):
+        if self.user is not None:
+            q["user"] = str(self.user)
+        return q
 
     def upload(self, path, data, mode=None):
         """Create or replace a file. data: bytes/str, a binary file object or an iterable
         of bytes chunks (streamed, never held in memory whole). mode: e.g. 0o755."""
         if isinstance(data, str):
             data = data.encode()
-        q = {"path": path}
+        q = self._q(path=path)
         if mode is not None:
             q["mode"] = format(mode, "o") if isinstance(mode, int) else mode
         self._sb._dp_request("PUT", "/files", query=q, body=data, content_type="application/octet-stream",
@@ -702,7 +718,7 @@ class Files:
     def download(self, path, dest=None, chunk_size=1 << 20):
         """Read a file. Without dest: return its bytes. With dest (a writable binary file
         object): stream into it and return the byte count."""
-        resp = self._sb._dp_request("GET", "/files", query={"path": path}, timeout=max(self._sb.client.timeout, 300))
+        resp = self._sb._dp_request("GET", "/files", query=self._q(path=path), timeout=max(self._sb.client.timeout, 300))
         if dest is None:
             with resp:
                 return resp.read()
@@ -718,7 +734,7 @@ class Files:
 
     def open_stream(self, path):
         """The open download Response (read()/iter_chunks()/close()) for custom streaming."""
-        return self._sb._dp_request("GET", "/files", query={"path": path}, timeout=max(self._sb.client.timeout, 300))
+        return self._sb._dp_request("GET", "/files", query=self._q(path=path), timeout=max(self._sb.client.timeout, 300))
 
     def read(self, path):
         return self.download(path)
@@ -730,10 +746,10 @@ class Files:
         self.upload(path, text.encode(encoding), mode)
 
     def list(self, path):
-        return [FileInfo(e) for e in self._sb._dp_json("GET", "/files/list", query={"path": path}).get("entries") or []]
+        return [FileInfo(e) for e in self._sb._dp_json("GET", "/files/list", query=self._q(path=path)).get("entries") or []]
 
     def stat(self, path):
-        return FileInfo(self._sb._dp_json("GET", "/files/stat", query={"path": path}))
+        return FileInfo(self._sb._dp_json("GET", "/files/stat", query=self._q(path=path)))
 
     def exists(self, path):
         try:
@@ -743,15 +759,15 @@ class Files:
             return False
 
     def mkdir(self, path):
-        self._sb._dp_request("POST", "/files/mkdir", json_body={"path": path}).close()
+        self._sb._dp_request("POST", "/files/mkdir", query=self._q(), json_body={"path": path}).close()
 
     def move(self, src, dst):
-        self._sb._dp_request("POST", "/files/move", json_body={"from": src, "to": dst}).close()
+        self._sb._dp_request("POST", "/files/move", query=self._q(), json_body={"from": src, "to": dst}).close()
 
     rename = move
 
     def remove(self, path, recursive=False):
-        q = {"path": path}
+        q = self._q(path=path)
         if recursive:
             q["recursive"] = "true"
         self._sb._dp_request("DELETE", "/files", query=q).close()

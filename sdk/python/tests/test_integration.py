@@ -51,6 +51,36 @@ class IntegrationTest(unittest.TestCase):
         self.assertEqual(op.state, "succeeded")
         self.assertNotIn(sb.id, [s.id for s in self.client.list_sandboxes(metadata={"case": "lifecycle"})])
 
+    def test_readme_first_example(self):
+        """The README's first Python example runs as written (in a scratch directory)."""
+        readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+        with open(readme) as f:
+            text = f.read()
+        code = text.split("```python\n", 1)[1].split("```", 1)[0]
+        code = code.replace('create_sandbox("minimal")', f"create_sandbox({TEMPLATE!r})")
+        cwd = os.getcwd()
+        with tempfile.TemporaryDirectory() as d:
+            os.chdir(d)
+            try:
+                exec(compile(code, "sdk/python/README.md", "exec"), {"__name__": "readme"})
+                self.assertTrue(os.path.exists("copy.bin"))
+            finally:
+                os.chdir(cwd)
+
+    def test_files_as_user(self):
+        """File calls act as the sandbox's default user unless as_user names another."""
+        default = self.sb.run(["id", "-un"]).stdout.decode().strip()
+        root = self.sb.files.as_user("root")
+        root.write_text("/tmp/by-root", "r")
+        self.sb.files.write_text("/tmp/by-default", "d")
+        out = self.sb.run("stat -c %U /tmp/by-root /tmp/by-default").stdout.decode().split()
+        self.assertEqual(out, ["root", default])
+        root.mkdir("/root/private")
+        if default != "root":
+            with self.assertRaises(space.Forbidden):
+                self.sb.files.write_text("/root/private/x", "no")
+        self.assertEqual(self.sb.files.as_user(0).stat("/root/private").type, "dir")
+
     def test_context_manager_deletes(self):
         with self.client.create_sandbox(TEMPLATE) as sb:
             self.assertTrue(sb.run("true").ok)

@@ -1,0 +1,54 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/httpx"
+)
+
+// What a server with remote nodes does not do yet is refused here with
+// 503 unavailable, before any work starts, as docs/scale-out.md says
+// ("Refusals with remote nodes").
+
+// errRemoteCredentials: a replica started without operator keys keeps no
+// credential store.
+var errRemoteCredentials = fmt.Errorf("egress credentials are not available on this server: start the replicas with --credential-keys (the operator keys of the credential store they share): %w", core.ErrUnavailable)
+
+// remoteRefusals wraps the control API: template writes (builds, uploads,
+// aliases, deletes, collection) answer 503 at once instead of an
+// operation that fails later.
+func remoteRefusals(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead &&
+			(r.URL.Path == "/v1/templates" || strings.HasPrefix(r.URL.Path, "/v1/templates/")) {
+			httpx.WriteError(w, httpx.Errorf(http.StatusServiceUnavailable, "unavailable",
+				"template builds are not available with remote nodes yet: build templates on the nodes (space node --builtins, or space template build --data-dir on the node's host)"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// noRemoteCredentials is the credential store of a replica with remote
+// nodes: every call, and every policy that attaches a credential, is 503.
+type noRemoteCredentials struct{}
+
+var _ api.Credentials = noRemoteCredentials{}
+
+func (noRemoteCredentials) CreateCredential(context.Context, string, core.CredentialRequest) (core.Credential, error) {
+	return core.Credential{}, errRemoteCredentials
+}
+func (noRemoteCredentials) ListCredentials(context.Context, string) ([]core.Credential, error) {
+	return nil, errRemoteCredentials
+}
+func (noRemoteCredentials) GetCredential(context.Context, string, string) (core.Credential, error) {
+	return core.Credential{}, errRemoteCredentials
+}
+func (noRemoteCredentials) DeleteCredential(context.Context, string, string) error {
+	return errRemoteCredentials
+}
