@@ -5,15 +5,44 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/space-sandbox/space/internal/seccomp"
+	"github.com/space-sandbox/space/internal/threadstatus"
 	"golang.org/x/sys/unix"
 )
 
-// HardenSelf makes the agent, running as PID 1 of a sandbox, hard for the
-// sandbox to attack. Call it right before Serve.
+// Capabilities the agent takes out of the bounding set of every thread, so
+// no command it starts can hold them, whatever its uid or file capabilities:
+//   - CAP_SYS_PTRACE: with it sandbox root could ptrace the agent or open
+//     its /proc/1/mem, environ and descriptors, non-dumpable or not;
+//   - CAP_NET_RAW: raw and packet sockets are the spoofing and sniffing
+//     tool and nothing a sandbox should do needs them (ping uses ICMP
+//     datagram sockets);
+//   - CAP_NET_ADMIN (namespace sandboxes only): root in the sandbox's user
+//     namespace otherwise administers its own network namespace, which
+//     opens nf_tables, link creation (veth, tunnels), qdiscs and xfrm,
+//     the kernel surface of most recent user-namespace escalations. A VM
+//     guest keeps it: its kernel is the guest's own and its commands
+//     configure the guest's link.
+var (
+	namespaceDrops = []uintptr{unix.CAP_SYS_PTRACE, unix.CAP_NET_RAW, unix.CAP_NET_ADMIN}
+	vmDrops        = []uintptr{unix.CAP_SYS_PTRACE, unix.CAP_NET_RAW}
+)
+
+// ErrCgoBuild is the failure of a hardening step that needs a binary built
+// with CGO_ENABLED=0: syscall.AllThreadsSyscall, which applies a change to
+// every thread of the process, refuses with ENOTSUP when cgo is linked in
+// (C code may have made threads the Go runtime cannot reach).
+var ErrCgoBuild = errors.New("agent built with cgo: a capability cannot be dropped on every thread (build it with CGO_ENABLED=0)")
+
+// HardenSelf makes the agent, running as PID 1 of a namespace-driver
+// sandbox, hard for the sandbox to attack, and checks that every step took
+// effect: it fails, and the sandbox must not serve, if one did not. Call it
+// right before Serve (and before installing the seccomp filter).
 //
 //   - The usual termination signals are caught and discarded, so root in
 //     the sandbox cannot stop the agent with kill(1). They are caught with
@@ -25,30 +54,109 @@ import (
 //     the namespace anyway; SIGKILL and SIGSTOP never are.)
 //   - The agent is made non-dumpable, so sandbox processes cannot read its
 //     memory through /proc/1/mem or ptrace it.
-//   - CAP_SYS_PTRACE and CAP_NET_RAW leave the capability bounding set of every thread, so
-//     no command the agent starts can gain it. This needs a binary built
-//     with CGO_ENABLED=0 (syscall.AllThreadsSyscall refuses with ENOTSUP
-//     under cgo); in a cgo build the step is skipped without an error.
-func HardenSelf() error {
+//   - CAP_SYS_PTRACE, CAP_NET_RAW and CAP_NET_ADMIN leave the capability
+//     bounding set of every thread (namespaceDrops).
+func HardenSelf() error { return harden(namespaceDrops) }
+
+// HardenVM is HardenSelf for the agent as PID 1 of a VM guest: the same,
+// except that commands keep CAP_NET_ADMIN over the guest's own kernel.
+func HardenVM() error { return harden(vmDrops) }
+
+// catchSignals catches and discards the usual termination signals (see
+// HardenSelf for why Notify and not Ignore).
+func catchSignals() {
 	// A full buffer drops signals; nobody reads this channel by design.
 	signal.Notify(make(chan os.Signal, 1),
 		syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
 		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+}
+
+// gvisorReservedThreads is how many OS threads the agent makes before its
+// signal guard goes up under gVisor: the guard covers the thread ids that
+// exist then, so the more of its threads the agent has made, the fewer it
+// makes later outside the guard.
+const gvisorReservedThreads = 16
+
+// HardenGVisor protects the agent as PID 1 of a gVisor sandbox, whose
+// kernel, unlike Linux, delivers SIGKILL from inside a PID namespace to its
+// init (`kill -9 1` would end the sandbox). The agent makes its threads
+// up front, then installs seccomp.SignalGuard with the fence just above
+// the highest thread id it has: signals (but SIGURG and 0) and pidfd_open
+// aimed below the fence are refused, for the agent and every command it
+// starts, whose ids are all higher. A thread the Go runtime makes later
+// gets an id above the fence and is not covered (docs/security.md). Run
+// outside a PID namespace (development on a host) it does nothing.
+// Capabilities need no dropping here: the container's are set by the
+// driver (gvisor.caps).
+func HardenGVisor() error {
+	if os.Getpid() != 1 {
+		return nil
+	}
+	catchSignals()
+	reserveThreads(gvisorReservedThreads)
+	var fence uint64
+	err := threadstatus.Each(func(tid string, _ map[string]string) error {
+		n, err := strconv.ParseUint(tid, 10, 32)
+		if err != nil {
+			return fmt.Errorf("agent: thread id %q: %w", tid, err)
+		}
+		fence = max(fence, n+1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := seccomp.InstallSignalGuard(uint32(fence)); err != nil {
+		return fmt.Errorf("agent: signal guard: %w", err)
+	}
+	return nil
+}
+
+func harden(drops []uintptr) error {
+	catchSignals()
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("agent: prctl(PR_SET_DUMPABLE): %w", err)
 	}
-	// CAP_NET_RAW goes too: raw and packet sockets are the classic tool for
-	// spoofing and sniffing, and nothing a sandbox should do needs them.
-	for _, c := range []uintptr{unix.CAP_SYS_PTRACE, unix.CAP_NET_RAW} {
+	for _, c := range drops {
 		_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, c, 0)
-		if errno != 0 && !errors.Is(errno, syscall.ENOTSUP) {
+		if errno == syscall.ENOTSUP {
+			return fmt.Errorf("agent: drop capability %d from the bounding set: %w", c, ErrCgoBuild)
+		}
+		if errno != 0 {
 			return fmt.Errorf("agent: drop capability %d from the bounding set: %w", c, errno)
 		}
+	}
+	if err := verifyHardened(drops); err != nil {
+		return err
 	}
 	// In the background: it takes a few milliseconds that sandbox start-up
 	// should not wait for.
 	go reserveThreads(reservedThreads)
 	return nil
+}
+
+// verifyHardened reads back what harden did, from the kernel's view of
+// every thread: nothing is taken on trust from the calls' results.
+func verifyHardened(drops []uintptr) error {
+	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
+		return fmt.Errorf("agent: still dumpable after PR_SET_DUMPABLE 0 (%d, %v)", d, err)
+	}
+	var mask uint64
+	for _, c := range drops {
+		mask |= 1 << c
+	}
+	return threadstatus.Each(func(tid string, st map[string]string) error {
+		for _, key := range []string{"CapBnd", "CapInh", "CapAmb"} {
+			v, err := threadstatus.Hex(st, key)
+			if err != nil {
+				return fmt.Errorf("agent: thread %s: %w", tid, err)
+			}
+			if v&mask != 0 {
+				return fmt.Errorf("agent: thread %s still has capabilities %#x in %s after dropping them", tid, v&mask, key)
+			}
+		}
+		return nil
+	})
 }
 
 // reservedThreads is how many OS threads the agent creates up front.

@@ -88,6 +88,11 @@ func Run(args []string, version string) error {
 		opts.ProcAttr = g.ProcAttr
 	}
 	opts.Wrap = func(h http.Handler) http.Handler { return l.Handler(g.Handler(h)) }
+	// Fail closed: a gVisor sandbox whose agent is not guarded does not serve.
+	if err := agent.HardenGVisor(); err != nil {
+		_ = l.Close()
+		return fmt.Errorf("harden: %w", err)
+	}
 	ctx := context.Background()
 	agent.StartReaper(ctx)
 	return agent.NewServer(opts).Serve(ctx, l)

@@ -47,8 +47,10 @@ func runVM(args []string, version string) error {
 	if err := guest.EnterRoot(*root); err != nil {
 		return err
 	}
-	if err := agent.HardenSelf(); err != nil {
-		logf("harden: %v", err)
+	// Fail closed: an agent whose hardening did not take effect must not
+	// serve (the host then reports the guest's exit and this message).
+	if err := agent.HardenVM(); err != nil {
+		return fmt.Errorf("harden: %w", err)
 	}
 	ctx := context.Background()
 	var l net.Listener

@@ -22,8 +22,9 @@ import (
 // Hooks are what the caller plugs into Run.
 type Hooks struct {
 	// Harden, if set, runs after the filesystem is built and before the
-	// seccomp filter is installed (e.g. agent.HardenSelf). An error aborts
-	// the sandbox and is reported to the host. As PID 1 the process must
+	// seccomp filter is installed (e.g. agent.HardenSelf). It must check
+	// that what it promises took effect: an error aborts the sandbox and is
+	// reported to the host, which refuses to start it. As PID 1 the process must
 	// catch SIGTERM & co. here (the Go runtime would otherwise exit on them
 	// and take the sandbox down); agent.HardenSelf does.
 	Harden func() error
@@ -95,6 +96,7 @@ func Run(ctx context.Context, cfg Config, h Hooks) error {
 		t.Harden = time.Since(start)
 	}
 	start := time.Now()
+	// Install checks every thread's no_new_privs and filter afterwards.
 	if err := seccomp.Install(); err != nil {
 		_ = l.Close()
 		return fail(err)

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/space-sandbox/space/internal/threadstatus"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,6 +18,19 @@ func Install() error {
 	if err != nil {
 		return err
 	}
+	return install(filter)
+}
+
+// InstallSignalGuard installs SignalGuard(fence) as Install does.
+func InstallSignalGuard(fence uint32) error {
+	filter, err := SignalGuard(fence)
+	if err != nil {
+		return err
+	}
+	return install(filter)
+}
+
+func install(filter []unix.SockFilter) error {
 	// prctl and seccomp must run on the same thread: no_new_privs is per task.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -35,5 +49,18 @@ func Install() error {
 		// be synchronised; nothing was installed.
 		return fmt.Errorf("seccomp: thread %d could not be synchronised", r)
 	}
-	return nil
+	return Verify()
+}
+
+// Verify checks, in the kernel's view of every thread of the process, that
+// no_new_privs is set and a seccomp filter is installed: Install is not
+// taken on trust.
+func Verify() error {
+	return threadstatus.Each(func(tid string, st map[string]string) error {
+		if st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" {
+			return fmt.Errorf("seccomp: thread %s runs with NoNewPrivs %q, Seccomp %q after install, want 1 and 2 (filter)",
+				tid, st["NoNewPrivs"], st["Seccomp"])
+		}
+		return nil
+	})
 }

@@ -4,7 +4,10 @@
 // syscalls that reach kernel attack surface a sandbox never needs (modules,
 // kexec, bpf, perf, keyrings, ptrace, mount API, namespaces, io_uring, ...)
 // and ENOSYS for clone3, whose flags live in memory a filter cannot inspect,
-// so libc falls back to clone, whose flags it can.
+// so libc falls back to clone, whose flags it can. Sockets are limited to the
+// families a sandbox uses (unix, IPv4, IPv6, and netlink for routing and
+// socket diagnostics only): every other family and netlink protocol gets the
+// answer of a kernel built without it. docs/security.md has the table.
 package seccomp
 
 import (
@@ -22,6 +25,8 @@ const (
 	offNr      = 0
 	offArch    = 4
 	offArg0Low = 16 // low 32 bits of args[0] (little endian)
+	offArg1Low = 24 // low 32 bits of args[1]
+	offArg2Low = 32 // low 32 bits of args[2]
 )
 
 // Return values.
@@ -30,7 +35,25 @@ const (
 	retAllow  = unix.SECCOMP_RET_ALLOW
 	retEPERM  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 	retENOSYS = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+	// What a kernel without the family or netlink protocol answers, so
+	// programs take their "not available here" path (libaudit, for one,
+	// treats EPROTONOSUPPORT as "no audit").
+	retEAFNOSUPPORT    = unix.SECCOMP_RET_ERRNO | uint32(unix.EAFNOSUPPORT)
+	retEPROTONOSUPPORT = unix.SECCOMP_RET_ERRNO | uint32(unix.EPROTONOSUPPORT)
 )
+
+// Socket families a sandbox may open (socket(2)'s first argument; the
+// kernel reads it as an int, so the low 32 bits are all of it). Everything
+// else (AF_PACKET, AF_ALG, AF_VSOCK, AF_KEY, AF_TIPC, AF_RDS, AF_XDP,
+// AF_BLUETOOTH, AF_CAN, ...) is EAFNOSUPPORT: a sandbox has no use for
+// them and several have had local privilege-escalation bugs.
+var allowedFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6}
+
+// Netlink protocols a sandbox may open: rtnetlink (`ip addr`, getifaddrs,
+// Go's net.Interfaces; writes need CAP_NET_ADMIN, which commands lack) and
+// sock_diag (`ss`). NETLINK_NETFILTER (nf_tables), XFRM, GENERIC, AUDIT,
+// KOBJECT_UEVENT, CONNECTOR, RDMA, CRYPTO, ... are EPROTONOSUPPORT.
+var allowedNetlink = []uint32{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
 
 // x32 syscalls carry this bit in their number on x86_64.
 const x32SyscallBit = 0x40000000
@@ -52,7 +75,13 @@ type table struct {
 	clone       uint32
 	clone3      uint32
 	personality uint32
+	socket      uint32
+	socketpair  uint32
 	denied      []uint32 // answered with EPERM
+	// For SignalGuard: syscalls whose target id is args[0] and signal
+	// args[1] (sig1) or args[2] (sig2), and pidfd_open.
+	signalSig1, signalSig2 []uint32
+	pidfdOpen              uint32
 }
 
 // Filter returns the filter program for the running architecture.
@@ -71,6 +100,9 @@ func Filter() ([]unix.SockFilter, error) {
 //	clone with CLONE_NEW*     → EPERM
 //	clone3                    → ENOSYS
 //	personality(not allowed)  → EPERM
+//	socket(family not allowed)      → EAFNOSUPPORT
+//	socket(AF_NETLINK, not allowed) → EPROTONOSUPPORT
+//	socketpair(not AF_UNIX)         → EAFNOSUPPORT
 //	nr in denied              → EPERM
 //	otherwise                 → ALLOW
 func build(t table) ([]unix.SockFilter, error) {
@@ -84,6 +116,8 @@ func build(t table) ([]unix.SockFilter, error) {
 	a.jeq(t.clone, "clone", "")
 	a.jeq(t.clone3, "enosys", "")
 	a.jeq(t.personality, "personality", "")
+	a.jeq(t.socket, "socket", "")
+	a.jeq(t.socketpair, "socketpair", "")
 	for _, nr := range t.denied {
 		a.jeq(nr, "eperm", "")
 	}
@@ -92,6 +126,22 @@ func build(t table) ([]unix.SockFilter, error) {
 	a.label("clone")
 	a.ld(offArg0Low)
 	a.jset(cloneNewMask, "eperm", "allow")
+
+	a.label("socket")
+	a.ld(offArg0Low)
+	for _, f := range allowedFamilies {
+		a.jeq(f, "allow", "")
+	}
+	a.jeq(unix.AF_NETLINK, "", "eafnosupport")
+	a.ld(offArg2Low)
+	for _, p := range allowedNetlink {
+		a.jeq(p, "allow", "")
+	}
+	a.ret(retEPROTONOSUPPORT)
+
+	a.label("socketpair")
+	a.ld(offArg0Low)
+	a.jeq(unix.AF_UNIX, "allow", "eafnosupport")
 
 	a.label("personality")
 	a.ld(offArg0Low)
@@ -104,6 +154,8 @@ func build(t table) ([]unix.SockFilter, error) {
 	a.ret(retAllow)
 	a.label("enosys")
 	a.ret(retENOSYS)
+	a.label("eafnosupport")
+	a.ret(retEAFNOSUPPORT)
 	a.label("kill")
 	a.ret(retKill)
 	return a.assemble()
@@ -128,6 +180,10 @@ func (a *assembler) ld(off uint32) {
 
 func (a *assembler) jeq(k uint32, jt, jf string) {
 	a.ins = append(a.ins, insn{code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, k: k, jt: jt, jf: jf})
+}
+
+func (a *assembler) jge(k uint32, jt, jf string) {
+	a.ins = append(a.ins, insn{code: unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K, k: k, jt: jt, jf: jf})
 }
 
 func (a *assembler) jset(k uint32, jt, jf string) {

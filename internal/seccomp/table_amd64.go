@@ -11,7 +11,12 @@ func nativeTable() (table, bool) {
 		clone:       unix.SYS_CLONE,
 		clone3:      unix.SYS_CLONE3,
 		personality: unix.SYS_PERSONALITY,
+		socket:      unix.SYS_SOCKET,
+		socketpair:  unix.SYS_SOCKETPAIR,
 		denied:      deniedAMD64,
+		signalSig1:  []uint32{unix.SYS_KILL, unix.SYS_TKILL, unix.SYS_RT_SIGQUEUEINFO},
+		signalSig2:  []uint32{unix.SYS_TGKILL, unix.SYS_RT_TGSIGQUEUEINFO},
+		pidfdOpen:   unix.SYS_PIDFD_OPEN,
 	}, true
 }
 

@@ -411,7 +411,8 @@ func (c *vethCapture) summary() (n int, attack []string) {
 }
 
 // gvisorNA decides whether a packet-level case run from inside a gvisor
-// sandbox could not express its attack at all, so that its O-DENY (a host
+// sandbox (or a namespace one, whose root lacks the network capabilities)
+// could not express its attack at all, so that its O-DENY (a host
 // counter of the refused packets) cannot apply: every step of the client
 // failed inside the Sentry (or, for the steps named in sentAnyway,
 // succeeded but the veth capture shows the packet left stripped of what
@@ -457,6 +458,9 @@ func (r *run) gvisorNA(out string, sentAnyway ...string) string {
 	}
 	sort.Strings(es)
 	why := fmt.Sprintf("gvisor: not expressible from inside the Sentry (its errors: %s)", strings.Join(es, "; "))
+	if r.e.gvisorNetns(r.sb) == "" {
+		why = fmt.Sprintf("namespace: not expressible from inside the sandbox, whose root lacks CAP_NET_ADMIN and CAP_NET_RAW and whose seccomp filter refuses packet sockets (its errors: %s)", strings.Join(es, "; "))
+	}
 	for _, step := range sentAnyway {
 		switch {
 		case strings.Contains(step, "ip options") && stripped:

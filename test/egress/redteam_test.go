@@ -23,8 +23,8 @@ package egress_test
 //	O-CTRL      the mode's positive control works in the same sandbox
 //
 // A few packet-level cases run twice: from the sandbox (namespace driver:
-// root in a user namespace, CAP_NET_RAW dropped, CAP_NET_ADMIN over its own
-// netns) and "netns-guest" (the same client as real root with CAP_NET_RAW
+// root in a user namespace, CAP_NET_RAW and CAP_NET_ADMIN dropped) and
+// "netns-guest" (the same client as real root with CAP_NET_RAW
 // inside the sandbox's network namespace, which is what a VM guest's
 // kernel can do to its virtio link): the rules must hold for both.
 
@@ -195,8 +195,9 @@ type run struct {
 	note    string // evidence the decision log cannot hold (e.g. the gateway gone)
 	pClass  bool   // an attacker contact here is an authorized-channel finding (FAIL-P)
 	invalid []string
-	// gvisor only (nil/"" with every other driver): the capture of the
-	// sandbox's veth, and why the case could not apply (gvisorNA).
+	// gvisor, and packet-level cases on namespace (nil/"" otherwise): the
+	// capture of the sandbox's veth, and why the case could not apply
+	// (gvisorNA).
 	veth *vethCapture
 	na   string
 	// qemu only: what the guest put on its tap, in QEMU's namespace.
@@ -855,7 +856,10 @@ func (e *env) runCase(t *testing.T, c rtCase, mode, ex, credID string) outcome {
 // count.
 func (e *env) runCaseIn(t *testing.T, c rtCase, mode, ex string, sb sbx) outcome {
 	r := &run{t: t, e: e, sb: sb, mode: mode, exec: ex, n: nonce()}
-	if (ex == "sandbox" && e.gvisorNetns(sb) != "") || (ex != "netns-guest" && e.isQEMU()) {
+	// Packet-level cases (guest) from the sandbox: gvisor, and since its
+	// root lacks CAP_NET_ADMIN and CAP_NET_RAW the namespace driver too,
+	// may be unable to express the attack at all (gvisorNA).
+	if (ex == "sandbox" && (e.gvisorNetns(sb) != "" || c.guest)) || (ex != "netns-guest" && e.isQEMU()) {
 		r.veth = e.captureVeth(t, sb)
 		defer r.veth.Close()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/driver/gvisor"
+	"golang.org/x/sys/unix"
 )
 
 // gvisorEnv starts a second `space server`, with --driver gvisor, for the
@@ -78,7 +79,7 @@ func TestIsolationGvisor(t *testing.T) {
 		// unshare(CLONE_NEWUSER)), as the namespace driver's seccomp does.
 		for _, k := range []string{"mount_tmpfs", "mount_proc", "init_module", "finit_module", "kexec_load", "bpf",
 			"perf_event_open", "keyctl", "userfaultfd", "unshare_user", "unshare_mount", "ptrace_agent", "read_agent_mem",
-			"raw_packet_socket", "connect_host"} {
+			"raw_packet_socket", "connect_host", "netlink_netfilter", "netlink_xfrm", "veth_create", "addr_add"} {
 			if res[k] == "" {
 				t.Errorf("%s succeeded inside the gVisor sandbox; it must fail", k)
 			}
@@ -134,7 +135,10 @@ func TestIsolationGvisor(t *testing.T) {
 		}
 	})
 
+	t.Run("console-bounded", func(t *testing.T) { gvisorConsoleBounded(t, e) })
+	t.Run("kill-pid-1", func(t *testing.T) { gvisorKillInit(t, e) })
 	t.Run("fork-bomb", func(t *testing.T) { gvisorForkBomb(t, e) })
+	t.Run("fork-bomb-defaults", func(t *testing.T) { gvisorForkBombDefaults(t, e) })
 	t.Run("oom", func(t *testing.T) { gvisorOOM(t, e) })
 	t.Run("lost-at-runtime", func(t *testing.T) { gvisorLostAtRuntime(t, e) })
 
@@ -274,6 +278,144 @@ func waitNoLeftovers(t *testing.T, e *env, inst string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("left behind by %s: %v", inst, left)
+}
+
+// gvisorKillInit: gVisor, unlike Linux, delivers SIGKILL from inside a PID
+// namespace to its init, the agent. The agent's signal guard refuses it,
+// and signals to the agent's other threads: the issue's `kill -9 1` as
+// root leaves the sandbox running and usable.
+func gvisorKillInit(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	out, x := sb.sh(t, "kill -9 1; echo rc=$?; kill -TERM 1; echo rc=$?; t=$(ls /proc/1/task | sort -n | sed -n 2p); kill -9 $t; echo thread=$t rc=$?")
+	t.Logf("signals to the agent: %+v %q", x, out)
+	if strings.Contains(out, "rc=0") || !strings.Contains(out, "thread=") {
+		t.Errorf("a signal to the agent was accepted: %q", out)
+	}
+	time.Sleep(time.Second) // a delivered SIGKILL ends the sandbox within this
+	if st, reason := sandboxState(t, e, sb.ID); st != "running" {
+		t.Fatalf("after kill -9 1 the sandbox is %q (%q), want running", st, reason)
+	}
+	if out, x := sb.sh(t, "echo fine"); x.Code != 0 || out != "fine\n" {
+		t.Errorf("sandbox after kill -9 1: %+v %q", x, out)
+	}
+	// Commands can still signal each other, and kill -9 -1 works.
+	if out, x := sb.sh(t, "sleep 60 & p=$!; kill -9 $p; wait $p; echo st=$?; kill -9 -1; echo ok"); x.Code != 0 || !strings.Contains(out, "st=137") {
+		t.Errorf("signals between commands: %+v %q", x, out)
+	}
+}
+
+// gvisorConsoleBounded: PID 1's stdout and stderr are host descriptors
+// (runsc's console) that root inside can reopen through /proc/1/fd. The
+// issue's reproduction writes 200 MB to them; the host file must stay
+// within its 1 MiB tmpfs, the writer inside gets ENOSPC, and the sandbox
+// stays usable.
+func gvisorConsoleBounded(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	inst := instanceOf(t, e, sb.ID)
+	console := filepath.Join(e.DataDir, "gvisor", inst, "console", "console.log")
+	out, x := sb.sh(t, "echo X >> /proc/1/fd/1; head -c 200000000 /dev/zero | tr '\\0' A > /proc/1/fd/2; echo rc=$?")
+	t.Logf("200 MB to /proc/1/fd/2: %+v %q", x, out)
+	if strings.Contains(out, "rc=0") || !strings.Contains(out, "No space left") {
+		t.Errorf("writing 200 MB to PID 1's stderr: %q, want it to fail with ENOSPC", out)
+	}
+	fi, err := os.Stat(console)
+	if err != nil {
+		t.Fatalf("console file: %v", err)
+	}
+	t.Logf("host console file after the write: %d bytes", fi.Size())
+	if fi.Size() > 1<<20 {
+		t.Errorf("host console file grew to %d bytes, over its 1 MiB bound", fi.Size())
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(console), &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
+		t.Errorf("console dir is not its own tmpfs: type %#x, %v", sfs.Type, err)
+	}
+	if out, x := sb.sh(t, "echo fine"); x.Code != 0 || out != "fine\n" {
+		t.Errorf("sandbox after the console write: %+v %q", x, out)
+	}
+}
+
+// gvisorForkBombDefaults: the issue's reproduction, a fork bomb as the
+// unprivileged user under the server's default limits (512 MiB, 1024
+// tasks). What holds: the sandbox's host pids cgroup, which runsc's own
+// tasks need, never refuses a fork (it did at 2*1024+512: the Sentry died
+// of it), and the sandbox either stays running and usable or, if the
+// host's OOM killer took gVisor's kernel, is reported lost with a reason.
+// Which of the two happens is logged; docs/security.md says why the
+// second is still possible.
+func gvisorForkBombDefaults(t *testing.T, e *env) {
+	sb := e.create(t, nil)
+	defer sb.delete(t)
+	inst := instanceOf(t, e, sb.ID)
+	var pidsDir string
+	for _, pat := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup", "/sys/fs/cgroup/*", "/sys/fs/cgroup/*/*", "/sys/fs/cgroup/*/*/*"} {
+		if m, _ := filepath.Glob(filepath.Join(pat, e.CgroupBase()+"-gvisor", inst, "pids.events")); len(m) > 0 {
+			pidsDir = filepath.Dir(m[0])
+			break
+		}
+	}
+	if pidsDir == "" {
+		t.Fatalf("no host pids cgroup for %s", inst)
+	}
+	refused := func() string {
+		b, _ := os.ReadFile(filepath.Join(pidsDir, "pids.events"))
+		return strings.TrimSpace(string(b))
+	}
+	cid := sb.start(t, map[string]any{"shell": "bomb() { bomb | bomb & }; bomb; sleep 30", "user": "user"})
+	lost := func(when string) bool {
+		st, reason := sandboxState(t, e, sb.ID)
+		switch {
+		case st == "running":
+			return false
+		case st == "lost" && reason != "":
+			t.Logf("%s the sandbox was lost: %q", when, reason)
+			return true
+		}
+		t.Fatalf("%s the sandbox is %q (%q), want running, or lost with a reason", when, st, reason)
+		return true
+	}
+	peak := 0
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		b, _ := os.ReadFile(filepath.Join(pidsDir, "pids.current"))
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			peak = max(peak, n)
+		}
+		if ev := refused(); ev != "max 0" && ev != "" {
+			t.Fatalf("the sandbox's host pids cgroup refused forks (%q, peak %d): runsc's own tasks hit the host limit", ev, peak)
+		}
+		if lost("during the fork bomb") {
+			return
+		}
+	}
+	t.Logf("host tasks of the sandbox peaked at %d during the bomb", peak)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if lost("after the fork bomb") {
+			return
+		}
+		code, m, err := sb.dp("POST", "/commands", map[string]any{"shell": "kill -9 -1 2>/dev/null; sleep 0.5; echo alive", "user": "root"})
+		if err == nil && code == 201 {
+			var b strings.Builder
+			_, x := sb.stream(t, m["id"].(string), "", 0, func(ev event) { b.Write(ev.Data) })
+			if x != nil && x.Code == 0 && strings.Contains(b.String(), "alive") {
+				break
+			}
+			t.Logf("after the bomb: %+v %q", x, b.String())
+		} else {
+			t.Logf("after the bomb: start %d %v %v", code, m, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox running but unusable after the fork bomb")
+		}
+		time.Sleep(time.Second)
+	}
+	_, ex := sb.stream(t, cid, "", 0, nil)
+	t.Logf("the sandbox survived; fork bomb command exit: %+v", ex)
+	if out, x := sb.sh(t, "echo fine > /tmp/f; cat /tmp/f"); x.Code != 0 || out != "fine\n" {
+		t.Errorf("sandbox after the fork bomb: %+v %q", x, out)
+	}
 }
 
 // gvisorForkBomb: a fork bomb under pids=64 is contained as in the

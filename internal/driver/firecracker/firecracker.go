@@ -35,6 +35,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/vmimage"
 )
@@ -330,7 +331,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		} else {
 			cmd = exec.Command(d.opts.Firecracker, "--api-sock", cfg.SocketPath, "--id", id)
 		}
-		logf, err := os.Create(filepath.Join(dir, "firecracker.log"))
+		// Its output includes the guest's serial console, which guest root
+		// can write without end: the file is bounded (consolelog).
+		if err := consolelog.Mount(dir); err != nil {
+			return nil, fmt.Errorf("firecracker: %w", err)
+		}
+		logf, err := os.Create(consolelog.Path(dir, "firecracker.log"))
 		if err != nil {
 			return nil, fmt.Errorf("firecracker: %w", err)
 		}
@@ -441,6 +447,9 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 		}
 	}
 	var errs []error
+	if err := consolelog.Unmount(d.sandboxDir(id)); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
 		errs = append(errs, err)
 	}

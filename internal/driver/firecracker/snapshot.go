@@ -19,6 +19,7 @@ import (
 	"github.com/firecracker-microvm/firecracker-go-sdk/client/models"
 	"github.com/sirupsen/logrus"
 
+	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/driver"
 )
 
@@ -140,7 +141,10 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 	} else {
 		cmd = exec.Command(d.opts.Firecracker, "--api-sock", sock, "--id", id)
 	}
-	logf, err := os.Create(filepath.Join(sdir, "firecracker.log"))
+	if err := consolelog.Mount(sdir); err != nil {
+		return nil, fmt.Errorf("firecracker: %w", err)
+	}
+	logf, err := os.Create(consolelog.Path(sdir, "firecracker.log"))
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: %w", err)
 	}

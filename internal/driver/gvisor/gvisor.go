@@ -11,6 +11,9 @@
 //	<StateDir>/<id>/disk.img      with a disk limit: the layer's own ext4 of
 //	                              that size, mounted at disk/ (upper, work in it)
 //	<StateDir>/<id>/merged        the overlay, the container's root
+//	<StateDir>/<id>/console/      a 1 MiB tmpfs holding console.log, the
+//	                              container's stdout and stderr (bounded:
+//	                              root inside can reopen them)
 //	<StateDir>/<id>/config.json   the OCI bundle's spec
 //	<StateDir>/<id>/state.json    what a restarted node needs (Attach)
 //	<RunDir>/<id>/agent.sock      the agent's socket
@@ -51,6 +54,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"golang.org/x/sys/unix"
@@ -279,8 +283,11 @@ func (d *Driver) limits(l driver.Limits) cgroups.Limits {
 }
 
 // hostLimits are the host cgroup limits for the sandbox's limits l: the
-// pids limit leaves room for runsc's own host tasks (hostPids).
+// pids and memory limits leave room for runsc's own host tasks and memory
+// (hostPids, hostMemory), so the sandbox's processes meet their limits
+// before gVisor's kernel meets the host's.
 func hostLimits(l cgroups.Limits) cgroups.Limits {
+	l.MemoryBytes = hostMemory(l.MemoryBytes, l.Pids)
 	l.Pids = hostPids(l.Pids)
 	return l
 }
@@ -500,10 +507,19 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	return inst, nil
 }
 
+// consolePath is the container's stdout and stderr, which runsc run
+// -detach hands to the sandbox as its PID 1's descriptors 1 and 2: root
+// inside can reopen them through /proc/1/fd and write without end, so the
+// file is bounded (consolelog).
+func consolePath(dir string) string { return consolelog.Path(dir, "console.log") }
+
 // start runs `runsc <args>` (run or restore) with the sandbox's global
-// flags, its output going to <dir>/console.log.
+// flags, its output going to the sandbox's bounded console file.
 func (d *Driver) start(ctx context.Context, id, dir, network string, args ...string) error {
-	logf, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err := consolelog.Mount(dir); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	logf, err := os.OpenFile(consolePath(dir), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("gvisor: %w", err)
 	}
@@ -518,7 +534,7 @@ func (d *Driver) start(ctx context.Context, id, dir, network string, args ...str
 	// The sandbox must outlive the node: its own session, no death signal.
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("gvisor: runsc %s %s: %w%s", args[0], id, err, logTail(filepath.Join(dir, "console.log")))
+		return fmt.Errorf("gvisor: runsc %s %s: %w%s", args[0], id, err, logTail(consolePath(dir)))
 	}
 	return nil
 }
@@ -538,14 +554,14 @@ func (d *Driver) waitReady(ctx context.Context, inst *Instance) error {
 		lastErr = err
 		select {
 		case <-inst.done:
-			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(filepath.Join(inst.dir, "console.log")))
+			return fmt.Errorf("gvisor: sandbox %s stopped before its agent served%s", inst.id, logTail(consolePath(inst.dir)))
 		default:
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("gvisor: sandbox %s: agent not ready: %w (%w)%s", inst.id, lastErr, ctx.Err(), logTail(filepath.Join(inst.dir, "console.log")))
+			return fmt.Errorf("gvisor: sandbox %s: agent not ready: %w (%w)%s", inst.id, lastErr, ctx.Err(), logTail(consolePath(inst.dir)))
 		case <-t.C:
 		}
 		wait = min(2*wait, 5*time.Millisecond)

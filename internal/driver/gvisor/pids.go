@@ -37,14 +37,45 @@ import (
 // threads, which grow with GOMAXPROCS and blocked work. Measured on 2 CPUs
 // (TestIsolationGvisor/fork-bomb, three runs): an idle sandbox has 24-26
 // host tasks; a fork bomb under pids=64 peaks at 165-186 = 2*64 + 37..58.
-// pidsHeadroom covers that surplus about ten times over, for hosts with
-// many CPUs (more Sentry and stub threads). pidsMultiplier is the 2N. A deliberately odd workload can
-// still exceed it (stubs systrap pools for reuse keep the sysmsg threads of
-// a multi-threaded process they served): that kills its own sandbox only.
+// Under the server's default pids=1024 the host count is not 2N: systrap
+// pools stubs, and a bomb that keeps forking and dying holds about three
+// stub processes per sandbox task plus 400-660 Sentry threads. Measured
+// (TestIsolationGvisor/fork-bomb-defaults, 2 CPUs): the host count hit
+// 2*1024+512 and 3*1024+512, killing the Sentry, and levelled off at
+// 3602-4038 with room. pidsMultiplier 4 covers that; pidsHeadroom covers
+// the fixed part for hosts with many CPUs (more Sentry and stub threads).
+// A deliberately odd workload can still exceed it: that kills its own
+// sandbox only.
 const (
-	pidsMultiplier = 2
+	pidsMultiplier = 4
 	pidsHeadroom   = 512
 )
+
+// The host memory cgroup of a sandbox holds more than the sandbox's own
+// memory: the Sentry's heap, the gofer, and per sandbox task systrap stub
+// processes whose page tables and kernel stacks the host charges to the
+// cgroup (kernel memory: 149 MB of a 494 MB peak under a fork bomb at the
+// default 512 MiB and 1024 tasks). With the host limit equal to the
+// sandbox's that overhead eats into the sandbox's memory and the host's
+// OOM killer meets it early. So the host limit is the sandbox's plus
+// memoryHeadroom plus memoryPerTask for each task its pids limit allows;
+// the Sentry still reports the sandbox's own limit as its total memory
+// (the spec's limit). gVisor does not itself stop the sandbox's processes
+// at that limit, so a workload that keeps growing still meets the host's
+// OOM killer, which may pick the Sentry (docs/security.md).
+const (
+	memoryHeadroom = 64 << 20
+	memoryPerTask  = 160 << 10
+)
+
+// hostMemory is the host memory cgroup limit for a sandbox memory limit of
+// m bytes and a pids limit of n tasks.
+func hostMemory(m, n int64) int64 {
+	if m <= 0 {
+		return 0
+	}
+	return m + memoryHeadroom + max(n, 0)*memoryPerTask
+}
 
 // agentCallTimeout bounds one call to the agent.
 const agentCallTimeout = 10 * time.Second

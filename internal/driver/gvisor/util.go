@@ -44,14 +44,22 @@ func isZombie(pid int) bool {
 
 func killPid(pid int) error { return unix.Kill(pid, unix.SIGKILL) }
 
-// logTail returns the end of a log file for error messages.
+// logTail quotes the last 2 KiB of the log at path, reading no more.
 func logTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
+	f, err := os.Open(path)
+	if err != nil {
 		return ""
 	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
+	defer f.Close()
+	b := make([]byte, 2048)
+	off := int64(0)
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(len(b)) {
+		off = fi.Size() - int64(len(b))
+	}
+	n, _ := f.ReadAt(b, off)
+	b = b[:n]
+	if len(b) == 0 {
+		return ""
 	}
 	return "; " + filepath.Base(path) + ": " + strings.TrimSpace(string(b))
 }

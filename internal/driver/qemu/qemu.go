@@ -40,6 +40,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
 	"github.com/space-sandbox/space/internal/vmimage"
@@ -81,8 +82,8 @@ var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$`)
 
 // Options configure the driver.
 type Options struct {
-	// StateDir holds one dir per sandbox (upper.ext4, console.log,
-	// state.json) and the image cache in StateDir/_images.
+	// StateDir holds one dir per sandbox (upper.ext4, console/console.log
+	// on a bounded tmpfs, state.json) and the image cache in StateDir/_images.
 	StateDir string
 	// RunDir holds the agent and QMP sockets; keep it short (sun_path).
 	RunDir string
@@ -426,7 +427,9 @@ func (d *Driver) args(id string, cfg vmConfig) []string {
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		// Stopped until the host has placed it in its cgroup and network.
 		"-S",
-		"-serial", "file:" + filepath.Join(dir, "console.log"),
+		// Guest root can write the serial port without end: the file is
+		// bounded (consolelog).
+		"-serial", "file:" + consolelog.Path(dir, "console.log"),
 		"-kernel", cfg.Vmlinux, "-initrd", cfg.Initramfs, "-append", cmdline,
 		"-drive", "id=root,if=none,format=raw,readonly=on,file=" + cfg.RootDisk,
 		"-device", "virtio-blk-device,drive=root,serial=" + vmimage.SerialRoot,
@@ -457,6 +460,9 @@ func (d *Driver) launch(ctx context.Context, id string, cfg vmConfig, incoming *
 	agentSock, qmpSock := d.agentSock(id), d.qmpSock(id)
 	_ = os.Remove(agentSock)
 	_ = os.Remove(qmpSock)
+	if err := consolelog.Mount(dir); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	args := d.args(id, cfg)
 	if incoming != nil {
 		// fd 3 in QEMU: the first of ExtraFiles.
@@ -585,15 +591,15 @@ func waitIncoming(ctx context.Context, q *qmpConn, exited <-chan struct{}) error
 
 func (d *Driver) logTail(id string) string {
 	var parts []string
-	for _, f := range []string{"console.log", "qemu.log"} {
-		b, err := os.ReadFile(filepath.Join(d.sandboxDir(id), f))
+	for _, f := range []string{consolelog.Path(d.sandboxDir(id), "console.log"), filepath.Join(d.sandboxDir(id), "qemu.log")} {
+		b, err := os.ReadFile(f)
 		if err != nil || len(b) == 0 {
 			continue
 		}
 		if len(b) > 6000 {
 			b = b[len(b)-6000:]
 		}
-		parts = append(parts, f+": "+strings.TrimSpace(string(b)))
+		parts = append(parts, filepath.Base(f)+": "+strings.TrimSpace(string(b)))
 	}
 	if len(parts) == 0 {
 		return ""
@@ -669,6 +675,9 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if err := consolelog.Unmount(d.sandboxDir(id)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
 		errs = append(errs, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,6 +62,26 @@ func main() {
 		unix.Close(fd)
 	}
 	res["raw_packet_socket"] = errStr(err)
+	// Netlink families and interfaces a sandbox has no use for (seccomp,
+	// and the user namespace's root lacks CAP_NET_ADMIN).
+	for name, proto := range map[string]int{"netlink_netfilter": unix.NETLINK_NETFILTER, "netlink_xfrm": unix.NETLINK_XFRM, "netlink_generic": unix.NETLINK_GENERIC} {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW, proto)
+		if err == nil {
+			unix.Close(fd)
+		}
+		res[name] = errStr(err)
+	}
+	fd, err = unix.Socket(unix.AF_ALG, unix.SOCK_SEQPACKET, 0)
+	if err == nil {
+		unix.Close(fd)
+	}
+	res["alg_socket"] = errStr(err)
+	res["veth_create"] = errStr(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "probe0"}, PeerName: "probe1"}))
+	if lo, err := netlink.LinkByName("lo"); err != nil {
+		res["addr_add"] = "lo: " + err.Error()
+	} else {
+		res["addr_add"] = errStr(netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 9, 9, 9), Mask: net.CIDRMask(32, 32)}}))
+	}
 	if target != "" {
 		c, err := net.DialTimeout("tcp", target, 2*time.Second)
 		if err == nil {
