@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/core"
@@ -95,41 +96,93 @@ func checkOwn(cert tls.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage
 	return nil
 }
 
-// ServerTLS returns the TLS configuration a node serves its RPC with:
-// TLS 1.3, its certificate, and a client certificate from the cluster CA
-// required of every peer.
-func ServerTLS(f TLSFiles) (*tls.Config, error) {
+// material is the node link's files as last loaded, reloaded when they
+// change on disk (renewed certificates, a new CA bundle), checked at most
+// once a second. A reload that fails (a pair half-replaced, a
+// certificate not valid for its use) keeps what was loaded before.
+type material struct {
+	f     TLSFiles
+	usage x509.ExtKeyUsage
+	what  string
+
+	mu      sync.Mutex
+	cert    tls.Certificate
+	pool    *x509.CertPool
+	stamp   string // the files' sizes and modification times
+	checked time.Time
+}
+
+func newMaterial(f TLSFiles, usage x509.ExtKeyUsage, what string) (*material, error) {
 	cert, pool, err := f.load()
 	if err != nil {
 		return nil, err
 	}
-	if err := checkOwn(cert, pool, x509.ExtKeyUsageServerAuth, "node"); err != nil {
+	if err := checkOwn(cert, pool, usage, what); err != nil {
+		return nil, err
+	}
+	return &material{f: f, usage: usage, what: what, cert: cert, pool: pool, stamp: f.stamp(), checked: time.Now()}, nil
+}
+
+func (f TLSFiles) stamp() string {
+	var b strings.Builder
+	for _, p := range []string{f.Cert, f.Key, f.CA} {
+		if fi, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%d.%d;", fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return b.String()
+}
+
+// get returns the current certificate and CA pool.
+func (m *material) get() (tls.Certificate, *x509.CertPool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if time.Since(m.checked) >= time.Second {
+		m.checked = time.Now()
+		if st := m.f.stamp(); st != m.stamp {
+			if cert, pool, err := m.f.load(); err == nil && checkOwn(cert, pool, m.usage, m.what) == nil {
+				m.cert, m.pool, m.stamp = cert, pool, st
+			}
+		}
+	}
+	return m.cert, m.pool
+}
+
+// ServerTLS returns the TLS configuration a node serves its RPC with:
+// TLS 1.3, its certificate, and a client certificate from the cluster CA
+// required of every peer. Renewed files are picked up by new connections.
+func ServerTLS(f TLSFiles) (*tls.Config, error) {
+	m, err := newMaterial(f, x509.ExtKeyUsageServerAuth, "node")
+	if err != nil {
 		return nil, err
 	}
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert, // chain to the CA, client-auth usage
-		ClientCAs:    pool,
+		MinVersion: tls.VersionTLS13,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			cert, pool := m.get()
+			return &tls.Config{
+				MinVersion:   tls.VersionTLS13,
+				Certificates: []tls.Certificate{cert},
+				ClientAuth:   tls.RequireAndVerifyClientCert, // chain to the CA, client-auth usage
+				ClientCAs:    pool,
+			}, nil
+		},
 	}, nil
 }
 
-// ClientTLS is the replica's end of the node link.
+// ClientTLS is the replica's (or a node's, calling a peer) end of the
+// node link.
 type ClientTLS struct {
-	cert  tls.Certificate
-	roots *x509.CertPool
+	m *material
 }
 
 // LoadClientTLS loads a replica's certificate and the cluster CA.
 func LoadClientTLS(f TLSFiles) (*ClientTLS, error) {
-	cert, pool, err := f.load()
+	m, err := newMaterial(f, x509.ExtKeyUsageClientAuth, "server")
 	if err != nil {
 		return nil, err
 	}
-	if err := checkOwn(cert, pool, x509.ExtKeyUsageClientAuth, "server"); err != nil {
-		return nil, err
-	}
-	return &ClientTLS{cert: cert, roots: pool}, nil
+	return &ClientTLS{m: m}, nil
 }
 
 // Config returns the TLS configuration for calling node name at host
@@ -138,14 +191,18 @@ func LoadClientTLS(f TLSFiles) (*ClientTLS, error) {
 // name) or the host the replica dialled.
 func (c *ClientTLS) Config(name, host string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.cert},
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			cert, _ := c.m.get()
+			return &cert, nil
+		},
 		// The standard check would only accept the dialled host; the
 		// full verification, with the node's name as a second accepted
 		// identity, is VerifyConnection's.
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return verifyNode(cs, c.roots, name, host)
+			_, roots := c.m.get()
+			return verifyNode(cs, roots, name, host)
 		},
 	}
 }

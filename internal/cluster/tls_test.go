@@ -258,3 +258,49 @@ func TestNodeLinkPlaintext(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeLinkReload: a node's certificate renewed on disk is what new
+// connections get, without a restart; a half-written pair keeps the old.
+func TestNodeLinkReload(t *testing.T) {
+	ca := newTestCA(t)
+	f := ca.issue(RoleNode, "n1")
+	url, _ := serveTLS(t, f)
+	ct, err := LoadClientTLS(ca.issue(RoleServer, "srv-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := func() string {
+		hc, err := LinkOptions{TLS: ct, Timeout: 5 * time.Second}.HTTPClient("n1", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Get(url + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.TLS.PeerCertificates[0].SerialNumber.String()
+	}
+	before := serial()
+	// A new key written over the old one, its certificate not yet: the
+	// pair does not match and the old one is kept.
+	c2, k2, err := IssueCert(ca.cert, ca.key, CertRequest{Role: RoleNode, Name: "n1", Validity: time.Hour}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.Key, k2, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // past the once-a-second check
+	if got := serial(); got != before {
+		t.Fatalf("a half-replaced pair was loaded: %s", got)
+	}
+	if err := os.WriteFile(f.Cert, c2, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); serial() == before; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the renewed certificate was not picked up")
+		}
+	}
+}
