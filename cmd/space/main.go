@@ -19,6 +19,8 @@ func commands() []command {
 		{"node", "run a node for servers started with --remote-nodes (scale-out)", runNode},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "API keys, on the server machine: create|list|revoke|help", runKeys},
+		{"certs", "node link certificates from a small CA: init|issue", runCerts},
+		{"credentials", "the credential store replicas share: rewrap (after a key rotation)", runCredentials},
 		{"sandbox", "sandboxes: create|list|get|exec|logs|cp|ports|url|session|timeout|network|netlog|metrics|pause|resume|hibernate|rm", runSandbox},
 		{"snapshot", "snapshots: create|list|get|rm|fork", runSnapshot},
 		{"logs", "a sandbox's command output (space sandbox logs)", runLogs},

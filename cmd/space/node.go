@@ -25,6 +25,26 @@ func clusterSecret(file string) ([]byte, error) {
 	return cluster.CheckSecret([]byte(v))
 }
 
+// linkFlags are the node link's TLS flags, the same on servers and nodes.
+type linkFlags struct {
+	dir, cert, key, ca string
+	plaintext          bool
+}
+
+func clusterLinkFlags(fs *flag.FlagSet) *linkFlags {
+	l := &linkFlags{}
+	fs.StringVar(&l.dir, "cluster-tls-dir", "", "node link TLS: a directory with tls.crt, tls.key and ca.crt (what space certs issue writes; a Kubernetes TLS Secret with ca.crt)")
+	fs.StringVar(&l.cert, "cluster-cert", "", "node link TLS: this process's certificate (PEM; default <cluster-tls-dir>/tls.crt)")
+	fs.StringVar(&l.key, "cluster-key", "", "node link TLS: its private key (PEM; default <cluster-tls-dir>/tls.key)")
+	fs.StringVar(&l.ca, "cluster-ca", "", "node link TLS: the CA that signs the other end's certificates (PEM; default <cluster-tls-dir>/ca.crt)")
+	fs.BoolVar(&l.plaintext, "cluster-plaintext", false, "allow the node link without TLS, on loopback addresses only (tests, one-machine trials)")
+	return l
+}
+
+func (l *linkFlags) files() cluster.TLSFiles {
+	return cluster.TLSFiles{Cert: l.cert, Key: l.key, CA: l.ca}.InDir(l.dir)
+}
+
 func runNode(args []string) error {
 	cfg := server.DefaultConfig()
 	cfg.Listen, cfg.DataListen = "127.0.0.1:7072", "127.0.0.1:7071"
@@ -37,7 +57,7 @@ func runNode(args []string) error {
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "runtime directory for agent sockets (keep the path short)")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the listen addresses here as JSON once serving")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "node RPC address (servers call it; requests must be signed with the cluster secret)")
-	fs.StringVar(&nc.RPCURL, "rpc-url", "", "RPC URL servers are told (default http://<listen>)")
+	fs.StringVar(&nc.RPCURL, "rpc-url", "", "RPC URL servers are told (default https://<listen>; http:// with --cluster-plaintext)")
 	fs.StringVar(&cfg.DataListen, "data-listen", cfg.DataListen, "data plane address of this node's sandboxes")
 	fs.StringVar(&cfg.DataURL, "data-url", "", "public data-plane URL given to clients (default http://<data-listen>)")
 	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|firecracker|qemu|gvisor|namespace")
@@ -56,6 +76,7 @@ func runNode(args []string) error {
 	fs.IntVar(&nc.MaxSandboxes, "max-sandboxes", 0, "most sandboxes this node runs at once (0 = no bound)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "snapshot store shared with the other nodes: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); default: snapshots stay in <data-dir>/snapshots")
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
+	link := clusterLinkFlags(fs)
 	eg := egressFlags(fs)
 	lg := logFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -79,6 +100,7 @@ func runNode(args []string) error {
 		return err
 	}
 	nc.Secret = secret
+	nc.TLS, nc.Plaintext = link.files(), link.plaintext
 	nc.CPUMillis = int64(*cpus * 1000)
 	cfg.UIDBase = uint32(*uid)
 	cfg.WarmTemplates = splitList(*warm)

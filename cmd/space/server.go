@@ -61,6 +61,8 @@ func runServer(args []string) error {
 	eg := egressFlags(fs)
 	fs.BoolVar(&cfg.RemoteNodes, "remote-nodes", false, "run no node here: place sandboxes on registered space node processes (needs --cluster-secret-file or $SPACE_CLUSTER_SECRET)")
 	secretFile := fs.String("cluster-secret-file", "", "file holding the cluster secret that signs node requests (with --remote-nodes; default $SPACE_CLUSTER_SECRET)")
+	link := clusterLinkFlags(fs)
+	credKeys := fs.String("credential-keys", "", "with --remote-nodes: file of operator keys (64 hex digits each, the first seals) for the credential store the replicas share in the database (default $SPACE_CREDENTIAL_KEYS; none: no credentials)")
 	fs.DurationVar(&cfg.NodeTimeout, "node-timeout", 15*time.Second, "with --remote-nodes: a node or server replica silent this long is marked lost")
 	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
@@ -89,6 +91,12 @@ func runServer(args []string) error {
 			return err
 		}
 		cfg.ClusterSecret = secret
+		cfg.ClusterTLS, cfg.ClusterPlaintext = link.files(), link.plaintext
+		if cfg.CredentialKeys, err = credentialKeys(*credKeys, false); err != nil {
+			return err
+		}
+	} else if !link.files().Empty() || link.plaintext || *credKeys != "" {
+		return usagef("--cluster-tls-dir, --cluster-cert, --cluster-key, --cluster-ca, --cluster-plaintext and --credential-keys are for --remote-nodes")
 	}
 	if err := eg.apply(&cfg); err != nil {
 		return err

@@ -44,7 +44,7 @@ var variants = []struct {
 	External   []string
 	Privileged []string
 }{
-	{"base", []string{"space-db", clusterSecret, "space-snapshots"}, []string{nodeName}},
+	{"base", []string{"space-db", clusterSecret, "space-cluster-ca", "space-snapshots"}, []string{nodeName}},
 	{"single", []string{"space-db"}, []string{serverName}},
 	{"kind", nil, []string{nodeName}},
 	{"kind-single", nil, []string{serverName}},
@@ -706,6 +706,66 @@ func checkClusterSecret(t *testing.T, id string, w workload, ct corev1.Container
 	}
 }
 
+// checkLinkTLS asserts that the node link runs over mutual TLS: no
+// --cluster-plaintext, --cluster-tls-dir a read-only mount of an in-memory
+// volume that an unprivileged init container fills with `space certs
+// issue` (want: its identity arguments) from the CA in the Secret
+// space-cluster-ca, which only that init container mounts.
+func checkLinkTLS(t *testing.T, id string, w workload, ct corev1.Container, flags map[string]string, want ...string) {
+	t.Helper()
+	if _, ok := flags["cluster-plaintext"]; ok {
+		t.Errorf("%s: --cluster-plaintext: the node link must be TLS", id)
+	}
+	dir := flags["cluster-tls-dir"]
+	m, v, ok := mountOf(w, ct, dir)
+	if dir == "" || !ok || !m.ReadOnly || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("%s: --cluster-tls-dir=%q is not a read-only mount of an in-memory emptyDir", id, dir)
+		return
+	}
+	for _, c := range w.Template.Spec.Containers {
+		for _, cm := range c.VolumeMounts {
+			if vv, ok := volumeNamed(w, cm.Name); ok && vv.Secret != nil && vv.Secret.SecretName == "space-cluster-ca" {
+				t.Errorf("%s: container %s mounts the CA key", id, c.Name)
+			}
+		}
+	}
+	var issuer *corev1.Container
+	for i, ic := range w.Template.Spec.InitContainers {
+		for _, im := range ic.VolumeMounts {
+			if im.Name == m.Name && !im.ReadOnly {
+				issuer = &w.Template.Spec.InitContainers[i]
+			}
+		}
+	}
+	if issuer == nil {
+		t.Errorf("%s: no init container writes the certificate volume %s", id, m.Name)
+		return
+	}
+	args := strings.Join(issuer.Args, " ")
+	for _, a := range append([]string{"certs issue", "--out=" + dir}, want...) {
+		if !strings.Contains(args, a) {
+			t.Errorf("%s: init container %s args %q lack %q", id, issuer.Name, args, a)
+		}
+	}
+	caDir := strings.TrimPrefix(issuer.Args[slices.IndexFunc(issuer.Args, func(a string) bool { return strings.HasPrefix(a, "--ca-dir=") })], "--ca-dir=")
+	if cm, cv, ok := mountOf(w, *issuer, caDir); !ok || !cm.ReadOnly || cv.Secret == nil || cv.Secret.SecretName != "space-cluster-ca" {
+		t.Errorf("%s: init container %s: --ca-dir=%q is not a read-only mount of the Secret space-cluster-ca", id, issuer.Name, caDir)
+	}
+	if sc := issuer.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("%s: init container %s must be unprivileged with a read-only root filesystem", id, issuer.Name)
+	}
+}
+
+func volumeNamed(w workload, name string) (corev1.Volume, bool) {
+	for _, v := range w.Template.Spec.Volumes {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return corev1.Volume{}, false
+}
+
 // checkSandboxHost asserts what a privileged workload that runs sandboxes
 // (the node, or the single-process server) needs from its host.
 func checkSandboxHost(t *testing.T, w workload, ct corev1.Container, flags map[string]string, nameFlag string) {
@@ -858,6 +918,7 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 		t.Errorf("%s: the server needs nothing of its host", sid)
 	}
 	checkClusterSecret(t, sid, sw, sct, sflags)
+	checkLinkTLS(t, sid, sw, sct, sflags, "--server=$(POD_NAME)")
 	checkSecretEnv(t, sid, sct, "SPACE_STORE", "space-db", "dsn")
 	// Replica names are unique per pod.
 	if sflags["node-name"] != "$(POD_NAME)" {
@@ -882,12 +943,13 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 	nflags := commandLine(t, nid, nct, "node")
 	checkSandboxHost(t, nw, nct, nflags, "name")
 	checkClusterSecret(t, nid, nw, nct, nflags)
+	checkLinkTLS(t, nid, nw, nct, nflags, "--node=$(NODE_NAME)", "--host=$(POD_IP)")
 	// Sandbox networking is on the nodes (the servers refuse --egress).
 	checkEgress(t, c, nw, nflags)
 	// The RPC: the servers are told the pod's address and the RPC port.
 	rpc := checkListen(t, nid, nw, nflags, "listen", "rpc")
-	if want := fmt.Sprintf("http://$(POD_IP):%d", rpc); nflags["rpc-url"] != want {
-		t.Errorf("%s: --rpc-url=%q, want %q (the default, http://<listen>, is no address)", nid, nflags["rpc-url"], want)
+	if want := fmt.Sprintf("https://$(POD_IP):%d", rpc); nflags["rpc-url"] != want {
+		t.Errorf("%s: --rpc-url=%q, want %q (the default, https://<listen>, is no address)", nid, nflags["rpc-url"], want)
 	}
 	checkFieldEnv(t, nid, nct, "POD_IP", "status.podIP")
 	// The data plane: a hostPort on every host, named by the data URL.
@@ -919,7 +981,10 @@ func checkSplit(t *testing.T, c *cluster) (dataURL string) {
 		t.Error("the NetworkPolicies do not let the servers reach the node RPC")
 	}
 	if c.openIngress(nw, rpc) {
-		t.Error("the node RPC is open to every client: only the servers may reach it")
+		t.Error("the node RPC is open to every client: only the servers and nodes may reach it")
+	}
+	if !c.allowsEgress(nw, nw, rpc) || !c.allowsIngressFrom(nw, nw, rpc) {
+		t.Error("the NetworkPolicies do not let a node forward data-plane requests to another node's RPC")
 	}
 	if !c.openIngress(nw, data) {
 		t.Error("clients cannot reach the nodes' data plane")

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/store/postgres"
 )
 
@@ -238,9 +239,19 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 	if err := os.WriteFile(secret, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
 		return nil, err
 	}
+	// The node links run over mutual TLS, as deployed: a CA and a
+	// certificate per process (what `space certs` writes).
+	link, err := newLinkCA(dir)
+	if err != nil {
+		return nil, err
+	}
 	var nodes []*fleetProc
 	for i := 0; i < cfg.Nodes; i++ {
 		name := fmt.Sprintf("n%d", i+1)
+		tlsDir, err := link.issue(cluster.RoleNode, name)
+		if err != nil {
+			return nil, err
+		}
 		runDir, err := os.MkdirTemp("/tmp", "spfn")
 		if err != nil {
 			return nil, err
@@ -251,7 +262,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		if err := p.start(ctx, cfg.Bin, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
 			"--data-dir", filepath.Join(dir, name), "--run-dir", runDir,
 			"--template-dir", filepath.Join(cfg.TemplateDir, name), "--uid-base", fmt.Sprint(2000000+i*262144),
-			"--builtins", WarmTemplate, "--cluster-secret-file", secret,
+			"--builtins", WarmTemplate, "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir,
 			"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"); err != nil {
 			st.procs = nodes
 			return nil, err
@@ -274,8 +285,12 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		name := fmt.Sprintf("r%d", i+1)
 		p := &fleetProc{name: name, role: "replica"}
 		replicas = append(replicas, p)
+		tlsDir, err := link.issue(cluster.RoleServer, name)
+		if err != nil {
+			return nil, err
+		}
 		if err := p.start(ctx, cfg.Bin, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
-			"--data-dir", filepath.Join(dir, name), "--listen", "127.0.0.1:0", "--cluster-secret-file", secret); err != nil {
+			"--data-dir", filepath.Join(dir, name), "--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir); err != nil {
 			return nil, err
 		}
 		st.clients = append(st.clients, NewClient(p.addr["control"], key))
@@ -650,4 +665,41 @@ func WriteFleet(w io.Writer, r *FleetResult) error {
 		}
 	}
 	return nil
+}
+
+// linkCA issues the node link certificates of a benchmark fleet.
+type linkCA struct {
+	dir       string
+	cert, key []byte
+}
+
+func newLinkCA(dir string) (*linkCA, error) {
+	c, k, err := cluster.NewCA("bench node link CA", 24*time.Hour, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &linkCA{dir: dir, cert: c, key: k}, nil
+}
+
+// issue writes tls.crt, tls.key and ca.crt for one process and returns
+// the directory (its --cluster-tls-dir).
+func (l *linkCA) issue(role cluster.CertRole, name string) (string, error) {
+	var hosts []string
+	if role == cluster.RoleNode {
+		hosts = []string{"127.0.0.1"}
+	}
+	c, k, err := cluster.IssueCert(l.cert, l.key, cluster.CertRequest{Role: role, Name: name, Hosts: hosts, Validity: 24 * time.Hour}, time.Now())
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(l.dir, "link-"+name)
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return "", err
+	}
+	for f, b := range map[string][]byte{cluster.TLSCertFile: c, cluster.TLSKeyFile: k, cluster.TLSCAFile: l.cert} {
+		if err := os.WriteFile(filepath.Join(out, f), b, 0o600); err != nil {
+			return "", err
+		}
+	}
+	return out, nil
 }

@@ -215,7 +215,7 @@ func TestPlace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: 5 * time.Second})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestPlace(t *testing.T) {
 		t.Fatalf("has base: %v", err)
 	}
 	// Quota: a project with as many live sandboxes as allowed gets none.
-	rq, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), ProjectQuota: 1})
+	rq, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, ProjectQuota: 1})
 	live := core.Sandbox{ID: "sbx-00000000000000aa", ProjectID: "p", Template: "minimal", State: core.SandboxRunning, Node: "big"}
 	if _, _, err := st.CreateSandboxOp(ctx, live, core.Operation{ID: "op-1", ProjectID: "p", Kind: "sandbox.create", Target: live.ID, State: core.OpSucceeded}, ""); err != nil {
 		t.Fatal(err)

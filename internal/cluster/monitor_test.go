@@ -26,7 +26,7 @@ func TestMonitorMarksSilentNodeLost(t *testing.T) {
 	broker := core.NewBroker(st, clock)
 	engine := core.NewEngine(ctx, st, broker, clock, t.Logf)
 	defer engine.Shutdown(ctx)
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, clock), Timeout: 5 * time.Second, Now: clock})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, clock), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

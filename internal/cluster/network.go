@@ -184,7 +184,7 @@ func (r *Remote) credentials(ctx context.Context, projectID string, p *core.Netw
 		return nil, nil
 	}
 	if r.o.Credentials == nil {
-		return nil, fmt.Errorf("network: credentials are not available with remote nodes (this server keeps no credential store): %w", core.ErrUnavailable)
+		return nil, fmt.Errorf("network: credentials are not available on this server (start the replicas with --credential-keys): %w", core.ErrUnavailable)
 	}
 	creds, err := r.o.Credentials(ctx, projectID, p.Credentials)
 	if errors.Is(err, core.ErrNotFound) {
@@ -216,7 +216,12 @@ func (r *Remote) SetNetworkPolicy(ctx context.Context, sb core.Sandbox, p core.N
 	if err != nil {
 		return err
 	}
-	return r.onNode(ctx, sb.ID, func(c *Client) error { return c.SetNetwork(ctx, sb, p, creds) })
+	return r.onNode(ctx, sb.ID, func(c *Client) error {
+		if err := r.secretsTo(c, creds); err != nil {
+			return err
+		}
+		return c.SetNetwork(ctx, sb, p, creds)
+	})
 }
 
 // NetworkLog implements core.NetworkRuntime: the node's gateway keeps the

@@ -63,18 +63,7 @@ func (n *netBackend) NetworkLog(ctx context.Context, sb core.Sandbox, after uint
 // the decision log reads through.
 func TestNetworkRPC(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b := &netBackend{policies: map[string]core.NetworkPolicy{}, secrets: map[string][]string{}}
-	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
-	defer srv.Close()
-	if _, err := st.PutNode(ctx, core.NodeRecord{Name: "n1", Kind: core.NodeKindNode, RPCURL: srv.URL, Egress: true,
-		Templates: []string{"minimal"}, HeartbeatAt: time.Now().UTC()}); err != nil {
-		t.Fatal(err)
-	}
+	st, b, srv := netFixture(t)
 	resolved := 0
 	resolver := func(ctx context.Context, projectID string, ids []string) ([]Credential, error) {
 		resolved++
@@ -87,7 +76,7 @@ func TestNetworkRPC(t *testing.T) {
 		}
 		return out, nil
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Credentials: resolver})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true, PlaintextSecrets: true}, Credentials: resolver})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +123,7 @@ func TestNetworkRPC(t *testing.T) {
 	}
 	// Without a resolver, a policy with credentials is refused (503),
 	// nothing reaches the node.
-	r0, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil)})
+	r0, _ := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}})
 	if err := r0.SetNetworkPolicy(ctx, sb, p2); !errors.Is(err, core.ErrUnavailable) {
 		t.Fatalf("no resolver: %v", err)
 	}
@@ -167,7 +156,7 @@ func TestPlaceEgress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: 5 * time.Second})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

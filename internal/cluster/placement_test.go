@@ -102,7 +102,7 @@ func TestPlacementChurn(t *testing.T) {
 		}
 	}
 	heartbeat()
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: time.Minute})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

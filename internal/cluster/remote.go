@@ -26,9 +26,13 @@ type RemoteOptions struct {
 	// to the sandbox's node in the signed start and network calls (nil:
 	// policies with credentials are refused).
 	Credentials CredentialResolver
-	HTTP        *http.Client
-	Logf        func(string, ...any)
-	Now         func() time.Time
+	// Link says how nodes are reached (TLS, or plaintext on loopback);
+	// its zero value refuses every node URL.
+	Link LinkOptions
+	// HTTP, if set, replaces Link's clients (tests).
+	HTTP *http.Client
+	Logf func(string, ...any)
+	Now  func() time.Time
 	// NodeCacheTTL: how old the registry used to place and route may be
 	// (0: 250 ms; negative: read it every time).
 	NodeCacheTTL time.Duration
@@ -75,9 +79,6 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	if o.NodeCacheTTL == 0 {
 		o.NodeCacheTTL = nodeCacheTTL
 	}
-	if o.HTTP == nil {
-		o.HTTP = &http.Client{Timeout: 5 * time.Minute}
-	}
 	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]pending{}}, nil
 }
 
@@ -92,10 +93,6 @@ func (r *Remote) Nodes(ctx context.Context) ([]core.NodeRecord, error) { return 
 
 // Place implements core.Placer.
 func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
-	if sb.AutoPauseSeconds > 0 {
-		// The idle loop runs on a server's own node only (docs/scale-out.md).
-		return "", fmt.Errorf("auto-pause is not available with remote nodes yet: %w", core.ErrUnavailable)
-	}
 	if r.o.ProjectQuota > 0 {
 		live, err := r.o.Store.ListSandboxes(ctx, core.SandboxFilter{ProjectID: sb.ProjectID, Limit: r.o.ProjectQuota + 1,
 			States: []core.SandboxState{core.SandboxCreating, core.SandboxRunning, core.SandboxPaused, core.SandboxDeleting}})
@@ -235,7 +232,13 @@ func (r *Remote) clientIn(ctx context.Context, name string) (*Client, error) {
 		defer r.mu.Unlock()
 		c := r.clients[name]
 		if c == nil || c.URL != n.RPCURL {
-			c = NewClient(name, n.RPCURL, r.o.Signer, r.o.HTTP)
+			hc := r.o.HTTP
+			if hc == nil {
+				if hc, err = r.o.Link.HTTPClient(name, n.RPCURL); err != nil {
+					return nil, err
+				}
+			}
+			c = NewClient(name, n.RPCURL, r.o.Signer, hc)
 			r.clients[name] = c
 		}
 		return c, nil
@@ -282,6 +285,9 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 		return core.Placement{}, fmt.Errorf("start on node %s: %w", sb.Node, err)
 	}
 	creds, err := r.credentials(ctx, sb.ProjectID, sb.Network)
+	if err == nil {
+		err = r.secretsTo(c, creds)
+	}
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
 		return core.Placement{}, err

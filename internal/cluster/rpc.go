@@ -120,6 +120,8 @@ func NewHandler(b Backend, v *Verifier, logf func(string, ...any)) http.Handler 
 	})
 	h.snapshotRoutes()
 	h.networkRoutes()
+	h.credentialRoutes()
+	h.idleRoutes()
 	h.metricsRoutes()
 	return httpx.Recover(h.mux, logf)
 }

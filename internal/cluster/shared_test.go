@@ -38,7 +38,7 @@ func TestPlaceSharedSnapshotStore(t *testing.T) {
 	put("y", shared, 1<<30, 0)
 	put("z", "", 0, 0)               // the most room, no shared store
 	put("w", "dir:/elsewhere", 0, 0) // another store
-	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: 5 * time.Second, NodeCacheTTL: -1})
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second, NodeCacheTTL: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestPlaceSharedSnapshotStore(t *testing.T) {
 	}
 	put("x", shared, 1<<30, 0)
 	put("y", shared, 1<<30, 0)
-	r2, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Timeout: 5 * time.Second, NodeCacheTTL: -1})
+	r2, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true}, Timeout: 5 * time.Second, NodeCacheTTL: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -282,8 +282,9 @@ type IdleRuntime interface {
 	IdleFor(id string) (time.Duration, bool)
 }
 
-// AutoPauseIdle pauses running sandboxes of this node that asked for it
-// (AutoPauseSeconds) and have been idle that long. A paused sandbox is
+// AutoPauseIdle pauses running sandboxes of this node (of every node with
+// AnyNode) that asked for it (AutoPauseSeconds) and have been idle that
+// long. A paused sandbox is
 // resumed by an explicit resume; its timeout clock is stopped meanwhile.
 func (s *Service) AutoPauseIdle(ctx context.Context) {
 	ir, ok := s.runtime.(IdleRuntime)
@@ -299,7 +300,7 @@ func (s *Service) AutoPauseIdle(ctx context.Context) {
 		return
 	}
 	for _, sb := range running {
-		if sb.AutoPauseSeconds <= 0 || sb.Node != "" && sb.Node != s.opts.NodeName {
+		if sb.AutoPauseSeconds <= 0 || !s.opts.AnyNode && sb.Node != "" && sb.Node != s.opts.NodeName {
 			continue
 		}
 		idle, ok := ir.IdleFor(sb.ID)

@@ -48,6 +48,9 @@ func (t *trackedRuntime) StartSandboxWithCredentials(ctx context.Context, sb cor
 	var err error
 	if t.eg != nil {
 		ec, infos := wireCredentials(creds)
+		t.net.mu.Lock()
+		t.net.set(sb.ID, sb.Network)
+		t.net.mu.Unlock()
 		pl, err = t.eg.startWith(ctx, sb, ec, infos, progress)
 	} else {
 		pl, err = t.runtime.StartSandbox(ctx, sb, progress)
@@ -70,7 +73,13 @@ func (t *trackedRuntime) SetNetworkPolicyWithCredentials(ctx context.Context, sb
 		return t.runtime.SetNetworkPolicy(ctx, sb, p) // blocked only
 	}
 	ec, _ := wireCredentials(creds)
-	return t.eg.setWith(sb, p, ec)
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	if err := t.eg.setWith(sb, p, ec); err != nil {
+		return err
+	}
+	t.net.set(sb.ID, &p)
+	return nil
 }
 
 // reattachNetwork gives a sandbox the node re-adopted at start its policy
@@ -84,7 +93,10 @@ func (t *trackedRuntime) reattachNetwork(ctx context.Context, sb core.Sandbox) {
 	if err := t.eg.reattach(ctx, sb, nil); err != nil {
 		t.eg.logf("sandbox %s: egress after restart: %v", sb.ID, err)
 	}
+	t.net.mu.Lock()
+	t.net.set(sb.ID, sb.Network)
+	t.net.mu.Unlock()
 	if sb.Network != nil && len(sb.Network.Credentials) > 0 {
-		t.eg.logf("sandbox %s: re-adopted without its %d credentials (secrets are not kept on the node); set its network policy again to attach them", sb.ID, len(sb.Network.Credentials))
+		t.eg.logf("sandbox %s: re-adopted without its %d credentials (secrets are not kept on the node); the servers send them again", sb.ID, len(sb.Network.Credentials))
 	}
 }

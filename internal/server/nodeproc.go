@@ -2,9 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/space-sandbox/space/internal/fdhygiene"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/space-sandbox/space/internal/fdhygiene"
 
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/cluster"
@@ -36,8 +39,14 @@ var nodeNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 type NodeConfig struct {
 	// Secret is the cluster secret servers sign node requests with.
 	Secret []byte
-	// RPCURL is the RPC address servers are told (default http://Listen).
+	// RPCURL is the RPC address servers are told (default
+	// https://Listen, http:// with Plaintext).
 	RPCURL string
+	// TLS is the node's certificate, key and the cluster CA: the RPC is
+	// served over mutual TLS to replicas with a certificate from that CA.
+	// Plaintext serves it without TLS instead (loopback --listen only).
+	TLS       cluster.TLSFiles
+	Plaintext bool
 	// Heartbeat is the interval of registry updates (default 1 s).
 	Heartbeat time.Duration
 	// Capacity offered to the scheduler: 0 = the host's CPUs and memory.
@@ -85,6 +94,8 @@ type trackedRuntime struct {
 	max int
 	// eg is the egress wiring (nil: sandboxes without network).
 	eg *egressRuntime
+	// net remembers the credentials of each sandbox's applied policy.
+	net netState
 
 	mu   sync.Mutex
 	live map[string]core.Limits
@@ -139,6 +150,9 @@ func (t *trackedRuntime) release(id string) {
 		delete(t.added, id)
 	}
 	t.mu.Unlock()
+	t.net.mu.Lock()
+	t.net.set(id, nil)
+	t.net.mu.Unlock()
 }
 
 func (t *trackedRuntime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
@@ -261,6 +275,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if !IsPostgres(cfg.Store) {
 		return nil, fmt.Errorf("space node: --store must be the PostgreSQL database the servers use: %w", core.ErrInvalid)
 	}
+	rpcTLS, err := nodeRPCTLS(cfg.Listen, nc)
+	if err != nil {
+		return nil, err
+	}
 	if nc.Heartbeat <= 0 {
 		nc.Heartbeat = time.Second
 	}
@@ -296,7 +314,6 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 			tidyHost(p.cfg, left, p.net)
 		}
 	}()
-	var err error
 	st, err := OpenStore(ctx, cfg.Store, cfg.DataDir, cfg.NodeName, cfg.Logf)
 	if err != nil {
 		return nil, err // (not into p.store: a typed nil would be closed)
@@ -362,7 +379,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.engine.SetLogger(cfg.Logger)
 	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{},
-		gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}}
+		gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}, net: netState{creds: map[string][]string{}}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
 	}
@@ -406,6 +423,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if p.rpcLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+	scheme := "http"
+	if rpcTLS != nil {
+		p.rpcLn, scheme = tls.NewListener(p.rpcLn, rpcTLS), "https"
+	}
 	if p.dataLn, err = net.Listen("tcp", cfg.DataListen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.DataListen, err)
 	}
@@ -415,26 +436,40 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	}
 	p.rpcURL = nc.RPCURL
 	if p.rpcURL == "" {
-		p.rpcURL = "http://" + p.rpcLn.Addr().String()
+		p.rpcURL = scheme + "://" + p.rpcLn.Addr().String()
 	}
 	verifier := cluster.NewVerifier(nc.Secret, cfg.NodeName, time.Now)
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
-	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, nil, nil)
+	// Automatic resume on a data-plane call: this node thaws its own
+	// paused sandboxes (a wake from hibernation is a replica's).
+	wakeSvc := core.NewService(p.store, p.engine, broker, nodePauser{lifecycleOnly{p.rt}}, core.ServiceOptions{NodeName: cfg.NodeName, Logf: cfg.Logf})
+	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: wakeSvc.AutoResume})
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakeSvc, nil)
+	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
+		link: nodeLinkClient(nc, cfg.Logf), logf: cfg.Logf, peers: map[string]*peer{}}
+	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
+	p.data.Handler = router.wrap(p.data.Handler)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}
 	p.startLogging(sessions)
+	if scheme == "https" {
+		// net/http handshakes *tls.Conn itself and logs refused peers (no
+		// client certificate, another CA) here.
+		p.rpc.ErrorLog = log.New(logfWriter(cfg.Logf), "node rpc: ", 0)
+	} else {
+		p.rpcLn = httpx.Listener(p.rpcLn)
+	}
 	for _, s := range []struct {
 		srv *http.Server
 		ln  net.Listener
-	}{{p.rpc, p.rpcLn}, {p.data, p.dataLn}} {
+	}{{p.rpc, p.rpcLn}, {p.data, httpx.Listener(p.dataLn)}} {
 		s := s
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			if err := s.srv.Serve(httpx.Listener(s.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cfg.Logf("serve %s: %v", s.ln.Addr(), err)
 			}
 		}()

@@ -13,11 +13,11 @@ import (
 
 // What a server with remote nodes does not do yet is refused here with
 // 503 unavailable, before any work starts, as docs/scale-out.md says
-// ("Refusals with remote nodes"); auto-pause is refused at placement
-// (cluster.Remote.Place), so that every API that creates is covered.
+// ("Refusals with remote nodes").
 
-// errRemoteCredentials: no credential store shared by the replicas.
-var errRemoteCredentials = fmt.Errorf("egress credentials are not available with remote nodes yet (a replica keeps no credential store the others share; the single-process server with --egress has them): %w", core.ErrUnavailable)
+// errRemoteCredentials: a replica started without operator keys keeps no
+// credential store.
+var errRemoteCredentials = fmt.Errorf("egress credentials are not available on this server: start the replicas with --credential-keys (the operator keys of the credential store they share): %w", core.ErrUnavailable)
 
 // remoteRefusals wraps the control API: template writes (builds, uploads,
 // aliases, deletes, collection) answer 503 at once instead of an

@@ -87,8 +87,17 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.engine = core.NewEngine(runCtx, s.store, broker, time.Now, cfg.Logf)
 	s.engine.SetLogger(cfg.Logger)
-	remote, err := cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
-		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Logf: cfg.Logf})
+	link, err := clusterLink(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var remote *cluster.Remote
+	fleetCreds, credResolver, err := fleetCredentials(cfg, s.store, func(ctx context.Context, id string) error { return remote.RevokeCredential(ctx, id) })
+	if err != nil {
+		return nil, err
+	}
+	remote, err = cluster.NewRemote(cluster.RemoteOptions{Store: s.store, Signer: cluster.NewSigner(cfg.ClusterSecret, time.Now),
+		Timeout: cfg.NodeTimeout, ProjectQuota: cfg.ProjectQuota, Link: link, Credentials: credResolver, Logf: cfg.Logf})
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +154,9 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 				Egress: egress, NodeEgressRanges: ranges}
 		},
 	}
+	if fleetCreds != nil {
+		apiOpts.Credentials = fleetCreds
+	}
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(remoteRefusals(api.New(apiOpts))), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {
 		return nil, err
@@ -159,6 +171,10 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	go func() { defer s.wg.Done(); mon.Run(runCtx) }()
+	if fleetCreds != nil {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); remote.ResyncCredentials(runCtx, time.Second) }()
+	}
 	go func() {
 		defer s.wg.Done()
 		t := time.NewTicker(time.Second)
@@ -172,6 +188,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 			// One replica (the first by name of those alive) reaps.
 			if leader(runCtx, remote, cfg.NodeName, cfg.NodeTimeout) {
 				reaper.ReapExpired(runCtx)
+				reaper.AutoPauseIdle(runCtx) // idle times from each sandbox's node
 			}
 		}
 	}()

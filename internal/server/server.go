@@ -25,6 +25,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
@@ -94,6 +95,15 @@ type Config struct {
 	ClusterSecret []byte        // signs node RPC requests (RemoteNodes, and `space node`)
 	NodeTimeout   time.Duration // a node or replica silent this long is lost (default 15 s)
 	ProjectQuota  int           // live sandboxes per project with RemoteNodes (0 = no bound)
+	// ClusterTLS is this replica's node link certificate, key and the
+	// cluster CA (RemoteNodes); ClusterPlaintext allows plaintext node
+	// links on loopback instead.
+	ClusterTLS       cluster.TLSFiles
+	ClusterPlaintext bool
+	// CredentialKeys is the operator keyring of the credential store the
+	// replicas share (RemoteNodes; nil: no credentials): hex keys, the
+	// first seals (credstore.ParseKeyring).
+	CredentialKeys *credstore.Keyring
 
 	// AllowPrivateRegistries lets template image pulls (source "image",
 	// a build file's FROM) dial loopback, private and link-local registry

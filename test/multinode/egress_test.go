@@ -19,8 +19,6 @@ package multinode
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/http"
@@ -39,7 +37,6 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
-	"github.com/space-sandbox/space/internal/netns/netnstest"
 	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/internal/store/postgres/pgtest"
 	"github.com/space-sandbox/space/test/testenv"
@@ -58,16 +55,8 @@ const (
 const innerNetnsEnv = "SPACE_TEST_PRIVATE_NETNS" // as netnstest
 
 func TestMultiNodeEgress(t *testing.T) {
-	if os.Getenv(pgtest.EnvDSN) == "" {
-		t.Skipf("needs PostgreSQL: set %s (export %s=$(bash scripts/postgres.sh))", pgtest.EnvDSN, pgtest.EnvDSN)
-	}
-	netnstest.RequireRoot(t)
-	if !netnstest.Inside() {
-		reexecInNetns(t)
+	if !inPrivateNetns(t) {
 		return
-	}
-	if lo, err := netlink.LinkByName("lo"); err == nil {
-		netlink.LinkSetUp(lo)
 	}
 	began := time.Now()
 	w := startUpstreams(t)
@@ -80,35 +69,8 @@ func TestMultiNodeEgress(t *testing.T) {
 		}
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, dsn: dsn}
-	fetcher := filepath.Join(env.Work, "mnfetch")
-	build := exec.Command("go", "build", "-ldflags", "-s -w", "-o", fetcher, "./test/multinode/mnfetch")
-	build.Dir = testenv.RepoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build mnfetch: %v\n%s", err, out)
-	}
-	secret := filepath.Join(env.Work, "cluster-secret")
-	raw := make([]byte, 32)
-	rand.Read(raw)
-	if err := os.WriteFile(secret, []byte(hex.EncodeToString(raw)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, p := range append(append([]*proc{}, c.servers...), c.nodes...) {
-			p.signal(syscall.SIGTERM)
-		}
-		sweep(t, dsn, c.nodes)
-		leftovers(t, c.dirs)
-		for _, d := range c.runDirs {
-			os.RemoveAll(d)
-		}
-		if !t.Failed() {
-			env.Remove()
-		} else {
-			t.Logf("logs kept in %s", env.Work)
-		}
-	})
+	fetcher := buildFetcher(t, env.Work)
+	c, secret := newFrame(t, env, dsn)
 	for i := 0; i < 3; i++ {
 		dataDir := filepath.Join(env.Work, fmt.Sprintf("node%d", i+1))
 		runDir, err := os.MkdirTemp("/tmp", "spe")
@@ -143,17 +105,14 @@ func TestMultiNodeEgress(t *testing.T) {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range c.nodes {
 		p.start(t)
 	}
 	for _, p := range c.servers {
 		p.start(t)
 	}
-	out, err := exec.Command(env.Bin, "keys", "create", "--store", dsn, "--project", "p1").Output()
-	if err != nil {
-		t.Fatalf("keys create: %v", err)
-	}
-	c.key = strings.TrimSpace(string(out))
+	c.apiKey(env.Bin)
 	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -347,13 +306,13 @@ func reexecInNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self, "-test.run", "^TestMultiNodeEgress$", "-test.v", "-test.count", "1")
+	cmd := exec.Command(self, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count", "1")
 	cmd.Env = append(os.Environ(), innerNetnsEnv+"=1", pgtest.EnvDSN+"="+u.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.CombinedOutput()
 	t.Logf("in a private network namespace:\n%s", out)
 	if err != nil {
-		t.Fatalf("TestMultiNodeEgress in its namespace: %v", err)
+		t.Fatalf("%s in its namespace: %v", t.Name(), err)
 	}
 	if strings.Contains(string(out), "--- SKIP") {
 		t.Skip("skipped in its namespace")

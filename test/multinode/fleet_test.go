@@ -106,6 +106,7 @@ func newFleet(t *testing.T, o fleetOpts) *cluster {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range c.nodes {
 		p.start(t)
 	}
@@ -144,7 +145,6 @@ func TestFleetRefusals(t *testing.T) {
 			"allow": []string{"api.test"}, "credentials": []string{"cred-0123456789abcdef"}}}, "credentials"},
 		{"POST", "/v1/templates", map[string]any{"name": "t1", "source": "busybox"}, "template builds"},
 		{"POST", "/v1/templates/build?name=t2", nil, "template builds"},
-		{"POST", "/v1/sandboxes", map[string]any{"template": "minimal", "auto_pause_seconds": 60}, "auto-pause"},
 	} {
 		st, m := c.call(s, tc.method, tc.path, tc.body)
 		e, _ := m["error"].(map[string]any)

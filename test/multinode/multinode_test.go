@@ -73,7 +73,7 @@ func (p *proc) start(t *testing.T) {
 			for i := 0; i+1 < len(p.args); i++ {
 				switch p.args[i] {
 				case "--listen":
-					p.args[i+1] = strings.TrimPrefix(p.addr["rpc"]+p.addr["control"], "http://")
+					p.args[i+1] = strings.TrimPrefix(strings.TrimPrefix(p.addr["rpc"]+p.addr["control"], "http://"), "https://")
 				case "--data-listen":
 					p.args[i+1] = strings.TrimPrefix(p.addr["data"], "http://")
 				}
@@ -317,6 +317,7 @@ func TestMultiNode(t *testing.T) {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
 	for _, p := range c.nodes {
 		p.start(t)
 	}

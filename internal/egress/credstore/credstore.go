@@ -157,28 +157,46 @@ func aad(c core.Credential) []byte {
 
 func (s *Store) path(id string) string { return filepath.Join(s.dir, id+".json") }
 
-// CreateCredential validates, seals and stores a credential.
-func (s *Store) CreateCredential(ctx context.Context, projectID string, req core.CredentialRequest) (core.Credential, error) {
+// newCredential validates a request and makes the credential it
+// describes (a fresh id and placeholder) and its secret: the one policy of
+// what a credential may be, for the file store and the shared one.
+func newCredential(projectID string, req core.CredentialRequest, now time.Time) (core.Credential, []byte, error) {
 	if len(req.Name) > 128 {
-		return core.Credential{}, invalid("name longer than 128 bytes")
+		return core.Credential{}, nil, invalid("name longer than 128 bytes")
 	}
 	if req.Env != "" && !envRE.MatchString(req.Env) {
-		return core.Credential{}, invalid("env must be an environment variable name")
+		return core.Credential{}, nil, invalid("env must be an environment variable name")
 	}
 	rnd := make([]byte, 8)
 	if _, err := rand.Read(rnd); err != nil {
-		return core.Credential{}, err
+		return core.Credential{}, nil, err
 	}
 	id := "cred-" + hex.EncodeToString(rnd)
 	b, err := egress.ValidateCredential(egress.Credential{ID: id, Host: req.Host, Port: req.Port, Header: req.Header,
 		Prefix: req.Prefix, Methods: req.Methods, PathPrefix: req.PathPrefix,
 		Placeholder: egress.PlaceholderPrefix + hex.EncodeToString(rnd), Secret: []byte(req.Secret)})
 	if err != nil {
-		return core.Credential{}, invalid("%v", err)
+		return core.Credential{}, nil, invalid("%v", err)
 	}
 	c := core.Credential{ID: id, ProjectID: projectID, Name: req.Name, Host: b.Host, Port: b.Port, Header: b.Header,
 		Prefix: b.Prefix, Methods: b.Methods, PathPrefix: b.PathPrefix, Env: req.Env, Placeholder: b.Placeholder,
-		CreatedAt: s.now().UTC().Truncate(time.Second)}
+		CreatedAt: now.UTC().Truncate(time.Second)}
+	return c, b.Secret, nil
+}
+
+// gatewayCredential is c with its secret, as the gateway injects it.
+func gatewayCredential(c core.Credential, secret []byte) egress.Credential {
+	return egress.Credential{ID: c.ID, Host: c.Host, Port: c.Port, Header: c.Header, Prefix: c.Prefix,
+		Methods: c.Methods, PathPrefix: c.PathPrefix, Placeholder: c.Placeholder, Secret: secret}
+}
+
+// CreateCredential validates, seals and stores a credential.
+func (s *Store) CreateCredential(ctx context.Context, projectID string, req core.CredentialRequest) (core.Credential, error) {
+	c, secret, err := newCredential(projectID, req, s.now())
+	if err != nil {
+		return core.Credential{}, err
+	}
+	id := c.ID
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	list, err := s.list(projectID)
@@ -192,7 +210,7 @@ func (s *Store) CreateCredential(ctx context.Context, projectID string, req core
 	if _, err := rand.Read(nonce); err != nil {
 		return core.Credential{}, err
 	}
-	rec := record{Credential: c, Nonce: nonce, Sealed: s.aead.Seal(nil, nonce, b.Secret, aad(c))}
+	rec := record{Credential: c, Nonce: nonce, Sealed: s.aead.Seal(nil, nonce, secret, aad(c))}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return core.Credential{}, err
@@ -320,10 +338,8 @@ func (s *Store) Resolve(ctx context.Context, projectID string, ids []string) ([]
 		if err != nil {
 			return nil, nil, fmt.Errorf("credstore: %s does not decrypt (wrong key or edited record)", id)
 		}
-		c := rec.Credential
-		out = append(out, egress.Credential{ID: c.ID, Host: c.Host, Port: c.Port, Header: c.Header, Prefix: c.Prefix,
-			Methods: c.Methods, PathPrefix: c.PathPrefix, Placeholder: c.Placeholder, Secret: sec})
-		infos = append(infos, c)
+		out = append(out, gatewayCredential(rec.Credential, sec))
+		infos = append(infos, rec.Credential)
 	}
 	return out, infos, nil
 }

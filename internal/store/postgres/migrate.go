@@ -68,6 +68,16 @@ CREATE INDEX IF NOT EXISTS operations_open_target ON operations(target) WHERE do
 CREATE INDEX IF NOT EXISTS events_created ON events(created_at);
 CREATE INDEX IF NOT EXISTS snapshots_sandbox ON snapshots(sandbox_id);
 `,
+		// 5: egress credentials shared by the replicas
+		// (core.CredentialStore): the binding in clear, the secret sealed
+		// under a per-record data key wrapped by an operator key that is
+		// not in the database.
+		`
+CREATE TABLE IF NOT EXISTS credentials (
+  id TEXT COLLATE "C" PRIMARY KEY, project_id TEXT COLLATE "C" NOT NULL, key_id TEXT NOT NULL,
+  wrapped_key BYTEA NOT NULL, sealed BYTEA NOT NULL, doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS credentials_project ON credentials(project_id, id);
+`,
 	}
 }
 

@@ -91,6 +91,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
 	}
+	if _, err := db.ExecContext(ctx, credentialsSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
+	}
 	return &Store{db: db}, nil
 }
 
