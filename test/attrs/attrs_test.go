@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -130,6 +131,8 @@ func TestAttributesByPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its own template dir: it builds a template per run.
+	srv.TemplateDir = filepath.Join(srv.Work, "templates")
 	srv.Args = []string{"--builtins", "minimal", "--egress", "--egress-dns", "127.0.0.1:53", "--egress-pool", "10.243.0.0/24",
 		"--egress-if-prefix", "spat", "--egress-table", "space-attrs", "--warm-templates", "minimal", "--warm-pool", "1"}
 	w := &world{srv: srv}

@@ -130,7 +130,11 @@ func TestNoInheritedDescriptors(t *testing.T) {
 				}
 			}
 			l := newLeakedFDs(t)
-			e := extraServerWith(t, "space-itfd-", drv, func(s *testenv.Server) { s.ExtraFiles = l.files })
+			e := extraServerWith(t, "space-itfd-", drv, func(s *testenv.Server) {
+				s.ExtraFiles = l.files
+				// Its own template dir: it builds a template per run.
+				s.TemplateDir = filepath.Join(s.Work, "templates")
+			})
 			serverPID := e.PID()
 			// The server got them: the leak is real, not a test artefact.
 			if tgt, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/7", serverPID)); err != nil || tgt != l.path {
