@@ -78,7 +78,7 @@ var completionTable = map[string]completionVerb{
 	"keys":        {words: []string{"create", "list", "revoke", "help"}},
 	"certs":       {words: []string{"init", "issue"}},
 	"credentials": {words: []string{"rewrap"}},
-	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients"}},
+	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas"}},
 	"doctor":      {flags: []string{"--data-dir", "--runsc", "--json"}},
 	"version":     {client: true, flags: []string{"--server"}},
 	"agent":       {},
