@@ -305,6 +305,21 @@ func (r *run) delta(name string) uint64 {
 	return 0
 }
 
+// waitDelta is delta once it reaches min, or after d: a sandbox's kernel
+// may still be sending what the client handed it when the client returns
+// (gVisor's netstack sends UDP asynchronously), so the host's counters
+// catch up a moment later.
+func (r *run) waitDelta(name string, min uint64, d time.Duration) uint64 {
+	deadline := time.Now().Add(d)
+	for {
+		v := r.delta(name)
+		if v >= min || time.Now().After(deadline) {
+			return v
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (r *run) require(ok bool, format string, args ...any) {
 	if !ok {
 		r.invalid = append(r.invalid, fmt.Sprintf(format, args...))
@@ -359,7 +374,7 @@ func (e *env) catalogue() []rtCase {
 				}
 			}
 			r.rt(append([]string{"udps", r.n}, to...)...)
-			d := r.delta("nft_udp_drop")
+			d := r.waitDelta("nft_udp_drop", 27, 3*time.Second)
 			r.require(d >= 27, "udp_drop grew by %d, want >= 27", d)
 			r.deny = d >= 27
 		}},
