@@ -9,7 +9,6 @@
 package tenancy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -219,40 +218,14 @@ func (w *world) buildFile(t *testing.T, key, name, file string, public bool, wan
 	return m["operation"].(map[string]any)["id"].(string)
 }
 
-// run runs a shell command in a sandbox and returns its stdout.
+// run runs a shell command in a sandbox as root and returns its stdout.
 func run(t *testing.T, sb sandbox, script string) string {
 	t.Helper()
-	st, m, err := testenv.DoJSON("POST", sb.Data+"/v1/sandboxes/"+sb.ID+"/commands",
-		map[string]string{"Authorization": "Bearer " + sb.Token}, map[string]any{"shell": script, "user": "root"})
-	if err != nil || st != 201 {
-		t.Fatalf("start command: %d %v %v", st, m, err)
-	}
-	req, _ := http.NewRequest("GET", sb.Data+"/v1/sandboxes/"+sb.ID+"/commands/"+m["id"].(string)+"/events", nil)
-	req.Header.Set("Authorization", "Bearer "+sb.Token)
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := testenv.HTTP.Do(req)
+	out, _, err := testenv.Sandbox(sb).Run(script, "root")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var out strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	ev := ""
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event: "):
-			ev = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: ") && ev == "stdout":
-			var b []byte
-			json.Unmarshal([]byte(`"`+strings.TrimPrefix(line, "data: ")+`"`), &b)
-			out.Write(b)
-		case strings.HasPrefix(line, "data: ") && ev == "exit":
-			return out.String()
-		}
-	}
-	return out.String()
+	return out
 }
 
 // stateOfA is a fingerprint of A's objects, read as A.
