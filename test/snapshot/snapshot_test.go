@@ -15,13 +15,18 @@ func counterValue(t *testing.T, sb *sandbox) int {
 	t.Helper()
 	// The loop rewrites the file (truncate, then write): a read can land
 	// in between and see it empty, so read again.
+	// On a loaded host the loop may sit between the two for a while (CI
+	// once read it empty 20 times in 100 ms): keep trying for 3 s.
 	var err error
-	for i := 0; i < 20; i++ {
+	for deadline := time.Now().Add(3 * time.Second); ; {
 		var n int
 		if n, err = strconv.Atoi(strings.TrimSpace(sb.ok(t, "cat /tmp/counter"))); err == nil {
 			return n
 		}
-		time.Sleep(5 * time.Millisecond)
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("counter: %v", err)
 	return 0

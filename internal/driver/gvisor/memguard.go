@@ -36,12 +36,20 @@ import (
 // Root in the sandbox can leave the commands' cgroup and escape the guard;
 // that only loses its own sandbox.
 const (
-	guardInterval = 200 * time.Millisecond
-	guardReserve  = 256 << 20
+	guardInterval   = 200 * time.Millisecond
+	guardReserveMax = 256 << 20
 	// guardPause: after a kill, the Sentry needs time to free what the
 	// killed tasks held before usage is worth reading again.
 	guardPause = 2 * time.Second
 )
+
+// guardReserve is the part of host memory limit limit kept for the
+// guard's reaction: hostMemory adds min(guardReserveMax, base/3) to the
+// allowance base, which is min(guardReserveMax, limit/4) of the limit. It
+// is smaller for small sandboxes, so that their memory limit stays tight
+// (a 64 MiB sandbox must not get a 256 MiB block even for an instant: the
+// guard polls, the host limit is immediate).
+func guardReserve(limit int64) int64 { return min(guardReserveMax, limit/4) }
 
 // guardMemory runs until done is closed.
 func (i *Instance) guardMemory(done <-chan struct{}) {
@@ -54,7 +62,7 @@ func (i *Instance) guardMemory(done <-chan struct{}) {
 		case <-t.C:
 		}
 		st, err := i.group.Stats()
-		if err != nil || st.MemLimitBytes <= 0 || st.MemUsedBytes+guardReserve < st.MemLimitBytes {
+		if err != nil || st.MemLimitBytes <= 0 || st.MemUsedBytes+guardReserve(st.MemLimitBytes) < st.MemLimitBytes {
 			continue
 		}
 		switch n, err := i.killCommands(); {

@@ -78,7 +78,8 @@ func hostMemory(m, n int64) int64 {
 	if m <= 0 {
 		return 0
 	}
-	return m + memoryHeadroom + max(n, 0)*memoryPerTask + guardReserve
+	base := m + memoryHeadroom + max(n, 0)*memoryPerTask
+	return base + min(guardReserveMax, base/3)
 }
 
 // agentCallTimeout bounds one call to the agent.
