@@ -1,12 +1,10 @@
 package multinode
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/internal/store/postgres/pgtest"
 	"github.com/space-sandbox/space/test/testenv"
 )
@@ -106,24 +103,7 @@ func newFleet(t *testing.T, o fleetOpts) *cluster {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
-	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
-	for _, p := range c.nodes {
-		p.start(t)
-	}
-	for _, p := range c.servers {
-		p.start(t)
-	}
-	out, err := exec.Command(env.Bin, "keys", "create", "--store", dsn, "--project", "p1").Output()
-	if err != nil {
-		t.Fatalf("keys create: %v", err)
-	}
-	c.key = strings.TrimSpace(string(out))
-	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	waitNodes(t, st, c.nodes)
+	c.boot(t, env)
 	return c
 }
 

@@ -115,6 +115,32 @@ func (p *proc) tail() string {
 	return string(raw)
 }
 
+// boot gives the cluster's processes node-link certificates, starts the
+// nodes then the servers, makes a key of project p1 and waits until every
+// node has registered with the template (built once per uid range into the
+// shared cache).
+func (c *cluster) boot(t *testing.T, env *testenv.Server) {
+	t.Helper()
+	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
+	for _, p := range c.nodes {
+		p.start(t)
+	}
+	for _, p := range c.servers {
+		p.start(t)
+	}
+	out, err := exec.Command(env.Bin, "keys", "create", "--store", c.dsn, "--project", "p1").Output()
+	if err != nil {
+		t.Fatalf("keys create: %v", err)
+	}
+	c.key = strings.TrimSpace(string(out))
+	st, err := postgres.Open(context.Background(), c.dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	waitNodes(t, st, c.nodes)
+}
+
 type cluster struct {
 	t       *testing.T
 	dsn     string
@@ -317,27 +343,7 @@ func TestMultiNode(t *testing.T) {
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
 		c.servers = append(c.servers, p)
 	}
-	withLinkCerts(t, env.Bin, env.Work, c.nodes, c.servers)
-	for _, p := range c.nodes {
-		p.start(t)
-	}
-	for _, p := range c.servers {
-		p.start(t)
-	}
-	out, err := exec.Command(env.Bin, "keys", "create", "--store", dsn, "--project", "p1").Output()
-	if err != nil {
-		t.Fatalf("keys create: %v", err)
-	}
-	c.key = strings.TrimSpace(string(out))
-
-	// Every node has registered with the template (built once per uid
-	// range into the shared cache).
-	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	waitNodes(t, st, c.nodes)
+	c.boot(t, env)
 	t.Logf("cluster up in %v", time.Since(began).Round(time.Millisecond))
 
 	// 60 sandboxes, created through both replicas at once.
