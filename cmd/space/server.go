@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/server"
 )
 
@@ -67,6 +68,9 @@ func runServer(args []string) error {
 	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
 	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
+	fs.Func("checkpoint-default", "with --remote-nodes: [PROJECT=]INTERVAL, checkpoint the sandboxes of PROJECT (of every project without one) that name no checkpoint_seconds every INTERVAL (repeatable; 0 = none)", func(v string) error {
+		return checkpointDefault(&cfg, v)
+	})
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics, without authentication (off by default; keep it private)")
 	fs.StringVar(&cfg.AuditLog, "audit-log", "", "audit log of security decisions, JSON lines (default <data-dir>/audit.log; - for stderr)")
 	fs.StringVar(&cfg.SnapshotStore, "snapshot-store", "", "also keep snapshots in this store: dir:/path or s3://bucket/prefix?endpoint=host:port (credentials: $AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY); with --remote-nodes set it on the nodes instead")
@@ -95,8 +99,8 @@ func runServer(args []string) error {
 		if cfg.CredentialKeys, err = credentialKeys(*credKeys, false); err != nil {
 			return err
 		}
-	} else if !link.files().Empty() || link.plaintext || *credKeys != "" {
-		return usagef("--cluster-tls-dir, --cluster-cert, --cluster-key, --cluster-ca, --cluster-plaintext and --credential-keys are for --remote-nodes")
+	} else if !link.files().Empty() || link.plaintext || *credKeys != "" || len(cfg.CheckpointDefaults) > 0 {
+		return usagef("--cluster-tls-dir, --cluster-cert, --cluster-key, --cluster-ca, --cluster-plaintext, --credential-keys and --checkpoint-default are for --remote-nodes")
 	}
 	if err := eg.apply(&cfg); err != nil {
 		return err
@@ -220,5 +224,27 @@ func runKeys(args []string) error {
 		}
 		fmt.Println("revoked", pos[0])
 	}
+	return nil
+}
+
+// checkpointDefault parses one --checkpoint-default: [PROJECT=]INTERVAL,
+// a whole number of seconds within the bounds a create request has.
+func checkpointDefault(cfg *server.Config, v string) error {
+	project, interval := "*", v
+	if p, d, ok := strings.Cut(v, "="); ok {
+		project, interval = p, d
+	}
+	d, err := time.ParseDuration(interval)
+	if err != nil || project == "" || len(project) > 128 {
+		return fmt.Errorf("want [PROJECT=]INTERVAL (e.g. demo=30s), got %.80q", v)
+	}
+	sec := int64(d / time.Second)
+	if d%time.Second != 0 || sec != 0 && (sec < core.MinCheckpointSeconds || sec > core.MaxCheckpointSeconds) {
+		return fmt.Errorf("%s: the interval must be 0 (none) or whole seconds between %ds and %ds", v, core.MinCheckpointSeconds, core.MaxCheckpointSeconds)
+	}
+	if cfg.CheckpointDefaults == nil {
+		cfg.CheckpointDefaults = map[string]int64{}
+	}
+	cfg.CheckpointDefaults[project] = sec
 	return nil
 }

@@ -390,7 +390,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Pr
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			switch v := core.SandboxState(one); v {
-			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost, core.SandboxPaused, core.SandboxHibernated:
+			case core.SandboxCreating, core.SandboxRunning, core.SandboxDeleting, core.SandboxDeleted, core.SandboxFailed, core.SandboxLost, core.SandboxPaused, core.SandboxHibernated, core.SandboxRestarting:
 				f.States = append(f.States, v)
 			default:
 				return httpx.Errorf(http.StatusBadRequest, "invalid_argument", "unknown state %.32q", one)

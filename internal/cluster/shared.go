@@ -85,3 +85,23 @@ func (r *Remote) moveHibernated(ctx context.Context, sb core.Sandbox, progress c
 	progress(15, fmt.Sprintf("node %s is %s: restoring on node %s from the shared snapshot store", from, rec.State, to))
 	return moved, nil
 }
+
+var _ core.Relocator = (*Remote)(nil)
+
+// Relocate implements core.Relocator: a ready node other than sb.Node that
+// shares sb.Node's snapshot store (where its checkpoints are), with room
+// reserved for sb. Data kept only on a node's own disk cannot leave it.
+func (r *Remote) Relocate(ctx context.Context, sb core.Sandbox) (string, error) {
+	rec, ok, err := r.nodeRecord(ctx, sb.Node)
+	if err != nil {
+		return "", err
+	}
+	if !ok || rec.SnapshotStore == "" {
+		return "", fmt.Errorf("node %s keeps its snapshots on its own disk (no --snapshot-store shared with other nodes): %w", sb.Node, core.ErrUnavailable)
+	}
+	to, err := r.place(ctx, sb, placeConstraint{store: rec.SnapshotStore, exclude: sb.Node})
+	if err != nil {
+		return "", fmt.Errorf("no other node sharing the snapshot store %s can take it: %w", rec.SnapshotStore, err)
+	}
+	return to, nil
+}

@@ -94,12 +94,14 @@ type PlacementReleaser interface {
 
 // MarkNodeSandboxesLost reports every live sandbox of node lost with reason,
 // without asking the (unreachable) node to clean up: it does that itself
-// when it comes back. It returns how many it marked.
+// when it comes back. A running or paused sandbox with a checkpoint then
+// restarts on another node from it (restartFromCheckpoint); one without
+// stays lost. It returns how many it marked.
 func (s *Service) MarkNodeSandboxesLost(ctx context.Context, node, reason string) (int, error) {
 	n, after := 0, ""
 	for {
 		page, err := s.store.ListSandboxes(ctx, SandboxFilter{After: after, Limit: 500,
-			States: []SandboxState{SandboxCreating, SandboxRunning, SandboxPaused, SandboxDeleting}})
+			States: []SandboxState{SandboxCreating, SandboxRunning, SandboxPaused, SandboxDeleting, SandboxRestarting}})
 		if err != nil {
 			return n, fmt.Errorf("list sandboxes of node %s: %w", node, err)
 		}
@@ -108,8 +110,15 @@ func (s *Service) MarkNodeSandboxesLost(ctx context.Context, node, reason string
 				continue
 			}
 			s.opts.Logf("sandbox %s lost: %s", sb.ID, reason)
-			s.setTerminal(ctx, sb.ID, SandboxLost, reason)
+			why := reason
+			if sb.CheckpointSeconds > 0 && sb.Checkpoint == "" {
+				why += " (no checkpoint taken yet)"
+			}
+			s.setTerminal(ctx, sb.ID, SandboxLost, why)
 			n++
+			if sb.Checkpoint != "" && sb.State != SandboxCreating && sb.State != SandboxDeleting {
+				s.restartFromCheckpoint(ctx, sb, reason)
+			}
 		}
 		if len(page) < 500 {
 			return n, nil
@@ -137,7 +146,7 @@ func (s *Service) FailOrphanOperations(ctx context.Context, ops []Operation, rea
 }
 
 func (s *Service) settleOrphan(ctx context.Context, op Operation, reason string) {
-	if op.Kind != "sandbox.create" && op.Kind != "sandbox.fork" && op.Kind != "sandbox.delete" && op.Kind != "sandbox.timeout" {
+	if op.Kind != "sandbox.create" && op.Kind != "sandbox.fork" && op.Kind != "sandbox.delete" && op.Kind != "sandbox.timeout" && op.Kind != "sandbox.restart" {
 		return
 	}
 	sb, err := s.store.GetSandbox(ctx, "", op.Target)
@@ -145,6 +154,12 @@ func (s *Service) settleOrphan(ctx context.Context, op Operation, reason string)
 		return
 	}
 	switch sb.State {
+	case SandboxRestarting:
+		// The restart may have started the instance on its new node.
+		s.setTerminal(ctx, sb.ID, SandboxLost, reason+" (restarting from checkpoint "+sb.Checkpoint+")")
+		if err := s.runtime.StopSandbox(ctx, sb.ID); err != nil {
+			s.opts.Logf("sandbox %s: stop after orphaned restart: %v", sb.ID, err)
+		}
 	case SandboxCreating:
 		s.setTerminal(ctx, sb.ID, SandboxFailed, reason)
 		if err := s.runtime.StopSandbox(ctx, sb.ID); err != nil {

@@ -69,6 +69,10 @@ type CreateRequest struct {
 	AutoResume bool `json:"auto_resume,omitempty"`
 	// PublicPorts: forwarded ports need no token (see Sandbox.PublicPorts).
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// CheckpointSeconds: checkpoint the running sandbox this often, so it
+	// restarts elsewhere when its node is lost; nil = the project's
+	// default, 0 = never.
+	CheckpointSeconds *int64 `json:"checkpoint_seconds,omitempty"`
 
 	// emptyTemplate: the client sent "template": "" (refused), which
 	// decoding cannot tell from leaving it out (the default).
@@ -146,6 +150,9 @@ type ServiceOptions struct {
 	// AnyNode: the runtime reaches every node (remote nodes), so this
 	// server may act on sandboxes of any node, not only NodeName's.
 	AnyNode bool
+	// CheckpointDefaults: project → checkpoint interval in seconds for
+	// creates that name none ("*": every other project).
+	CheckpointDefaults map[string]int64
 }
 
 // Service is the sandbox lifecycle: it validates requests, records state and
@@ -157,8 +164,9 @@ type Service struct {
 	runtime Runtime
 	opts    ServiceOptions
 
-	snapMu  sync.RWMutex // captures and restores (R) vs snapshot GC (W)
-	sbLocks sync.Map     // sandbox id → *sync.Mutex (pause, resume, snapshot)
+	snapMu   sync.RWMutex // captures and restores (R) vs snapshot GC (W)
+	sbLocks  sync.Map     // sandbox id → *sync.Mutex (pause, resume, snapshot)
+	ckptBusy sync.Map     // sandbox id → true while this process checkpoints it
 }
 
 // NewService wires a service.
@@ -270,6 +278,9 @@ func (s *Service) validate(req *CreateRequest) error {
 		}
 	default:
 		return invalid("on_timeout must be %q or %q", OnTimeoutDelete, OnTimeoutHibernate)
+	}
+	if err := s.validateCheckpoint(req); err != nil {
+		return err
 	}
 	if req.Network != nil {
 		p, err := s.validateNetwork(*req.Network)
@@ -388,6 +399,7 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 		sb.AutoPauseSeconds = *req.AutoPauseSeconds
 	}
 	sb.OnTimeout, sb.AutoResume, sb.PublicPorts = req.OnTimeout, req.AutoResume, req.PublicPorts
+	sb.CheckpointSeconds = s.checkpointSeconds(projectID, &req)
 	if pl, ok := s.runtime.(Placer); ok {
 		node, err := pl.Place(ctx, sb)
 		if err != nil {
@@ -531,7 +543,7 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 		if cur.State == SandboxDeleted {
 			return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 		}
-		if cur.State == SandboxCreating || cur.State == SandboxRunning || cur.State == SandboxPaused || cur.State == SandboxHibernated {
+		if cur.State == SandboxCreating || cur.State == SandboxRunning || cur.State == SandboxPaused || cur.State == SandboxHibernated || cur.State == SandboxRestarting {
 			cur.State = SandboxDeleting
 		}
 		cur.StateReason, cur.UpdatedAt = reason, s.opts.Now().UTC()
@@ -555,8 +567,8 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 			return nil, err
 		}
 		s.publishState(ctx, done)
-		if sb.OnTimeout == OnTimeoutHibernate {
-			progress(90, "deleting the snapshots its timeouts took")
+		if sb.OnTimeout == OnTimeoutHibernate || sb.CheckpointSeconds > 0 {
+			progress(90, "deleting the snapshots its timeouts and checkpoints took")
 			s.dropAutoSnapshots(ctx, projectID, id)
 		}
 		return done, nil

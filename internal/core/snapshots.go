@@ -410,12 +410,7 @@ func (s *Service) CreateNamedSnapshot(ctx context.Context, projectID, sandboxID,
 	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
 		out, err := s.runSnapshot(ctx, sr, snap, progress)
 		if err != nil {
-			if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), snap.ID, func(cur *Snapshot) error {
-				cur.State, cur.StateReason, cur.UpdatedAt = SnapshotFailed, err.Error(), s.opts.Now().UTC()
-				return nil
-			}); uerr != nil {
-				s.opts.Logf("snapshot %s: mark failed: %v", snap.ID, uerr)
-			}
+			s.snapshotFailed(ctx, snap.ID, err)
 			return nil, err
 		}
 		return out, nil
@@ -423,7 +418,23 @@ func (s *Service) CreateNamedSnapshot(ctx context.Context, projectID, sandboxID,
 	return snap, stored, nil
 }
 
+// snapshotFailed records why a capture failed on its snapshot.
+func (s *Service) snapshotFailed(ctx context.Context, id string, err error) {
+	if _, uerr := s.store.UpdateSnapshot(context.WithoutCancel(ctx), id, func(cur *Snapshot) error {
+		cur.State, cur.StateReason, cur.UpdatedAt = SnapshotFailed, err.Error(), s.opts.Now().UTC()
+		return nil
+	}); uerr != nil {
+		s.opts.Logf("snapshot %s: mark failed: %v", id, uerr)
+	}
+}
+
 func (s *Service) runSnapshot(ctx context.Context, sr SnapshotRuntime, snap Snapshot, progress Progress) (Snapshot, error) {
+	return s.runCapture(ctx, sr, snap, false, progress)
+}
+
+// runCapture is runSnapshot; full captures the whole layer (no parent),
+// starting a new chain.
+func (s *Service) runCapture(ctx context.Context, sr SnapshotRuntime, snap Snapshot, full bool, progress Progress) (Snapshot, error) {
 	// Captures share the store; garbage collection waits for them all.
 	s.snapMu.RLock()
 	defer s.snapMu.RUnlock()
@@ -435,14 +446,16 @@ func (s *Service) runSnapshot(ctx context.Context, sr SnapshotRuntime, snap Snap
 	if sb.State != SandboxRunning && sb.State != SandboxPaused {
 		return snap, fmt.Errorf("sandbox is %s: %w", sb.State, ErrConflict)
 	}
-	parent, err := s.snapshotParent(ctx, sb, snap.ID)
-	if err != nil {
-		return snap, err
-	}
 	var chain []string
-	if parent != "" {
-		if chain, err = s.chain(ctx, parent); err != nil {
+	if !full {
+		parent, err := s.snapshotParent(ctx, sb, snap.ID)
+		if err != nil {
 			return snap, err
+		}
+		if parent != "" {
+			if chain, err = s.chain(ctx, parent); err != nil {
+				return snap, err
+			}
 		}
 	}
 	progress(10, "capturing the writable layer (and processes where the driver can)")

@@ -108,6 +108,15 @@ type Sandbox struct {
 	// TimeoutSeconds is the timeout the sandbox was created with (0 = none);
 	// a sandbox woken with no time left gets it again.
 	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
+	// CheckpointSeconds: the server checkpoints the running sandbox this
+	// often (0 = never); when its node is lost it restarts on another node
+	// from the latest one (Checkpoint, taken at CheckpointAt).
+	CheckpointSeconds int64      `json:"checkpoint_seconds,omitempty"`
+	Checkpoint        string     `json:"checkpoint,omitempty"`
+	CheckpointAt      *time.Time `json:"checkpoint_at,omitempty"`
+	// Checkpoints counts the checkpoints taken (every checkpointRebase-th
+	// captures the whole layer and starts a new chain).
+	Checkpoints int64 `json:"checkpoints,omitempty"`
 }
 
 // What the server does with a sandbox whose timeout is reached.

@@ -17,7 +17,7 @@ import (
 // store, so counting them would grow without bound; operations by result
 // count how sandboxes end.
 var liveStates = []core.SandboxState{core.SandboxCreating, core.SandboxRunning, core.SandboxPaused,
-	core.SandboxHibernated, core.SandboxDeleting}
+	core.SandboxHibernated, core.SandboxDeleting, core.SandboxRestarting}
 
 // WatchSandboxes reports space_sandboxes{state,driver}: the live sandboxes
 // in st, read at each scrape (pages of 500). With nodeName set only the

@@ -102,7 +102,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	sopts := core.ServiceOptions{DefaultTimeout: cfg.DefaultTimeout, DefaultLimits: cfg.DefaultLimits, MaxLimits: cfg.MaxLimits,
-		NodeName: cfg.NodeName, AnyNode: true, Logf: cfg.Logf}
+		NodeName: cfg.NodeName, AnyNode: true, Logf: cfg.Logf, CheckpointDefaults: cfg.CheckpointDefaults}
 	s.svc = core.NewService(s.store, s.engine, broker, remote, sopts)
 	reaper := core.NewService(reapStore, s.engine, broker, remote, sopts)
 	// What this replica left unfinished before a restart: fail it and
@@ -189,6 +189,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 			if leader(runCtx, remote, cfg.NodeName, cfg.NodeTimeout) {
 				reaper.ReapExpired(runCtx)
 				reaper.AutoPauseIdle(runCtx) // idle times from each sandbox's node
+				reaper.CheckpointDue(runCtx)
 			}
 		}
 	}()

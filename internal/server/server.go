@@ -95,6 +95,9 @@ type Config struct {
 	ClusterSecret []byte        // signs node RPC requests (RemoteNodes, and `space node`)
 	NodeTimeout   time.Duration // a node or replica silent this long is lost (default 15 s)
 	ProjectQuota  int           // live sandboxes per project with RemoteNodes (0 = no bound)
+	// CheckpointDefaults: project ("*" = any other) → checkpoint interval
+	// in seconds of its sandboxes that name none, with RemoteNodes.
+	CheckpointDefaults map[string]int64
 	// ClusterTLS is this replica's node link certificate, key and the
 	// cluster CA (RemoteNodes); ClusterPlaintext allows plaintext node
 	// links on loopback instead.
