@@ -156,7 +156,7 @@ func (s *Service) settleOrphan(ctx context.Context, op Operation, reason string)
 	switch sb.State {
 	case SandboxRestarting:
 		// The restart may have started the instance on its new node.
-		s.setTerminal(ctx, sb.ID, SandboxLost, reason+" (restarting from checkpoint "+sb.Checkpoint+")")
+		s.setTerminal(ctx, sb.ID, SandboxLost, reason+" (not restarted from checkpoint "+sb.Checkpoint+": the restart was interrupted)")
 		if err := s.runtime.StopSandbox(ctx, sb.ID); err != nil {
 			s.opts.Logf("sandbox %s: stop after orphaned restart: %v", sb.ID, err)
 		}

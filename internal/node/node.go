@@ -517,19 +517,30 @@ func (n *Node) NetworkLog(ctx context.Context, sb core.Sandbox, after uint64, li
 	return out, nil
 }
 
+// captureWait bounds how long a data-plane call waits for a snapshot's
+// freeze to end (a periodic checkpoint freezes a running sandbox for its
+// capture: a call then waits instead of failing as if it were paused).
+const captureWait = 30 * time.Second
+
 // Sandbox returns a running sandbox by id.
 func (n *Node) Sandbox(id string) (*Sandbox, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	h := n.sandboxes[id]
-	if h == nil {
-		return nil, fmt.Errorf("sandbox %s is not running here: %w", id, core.ErrNotFound)
+	deadline := time.Now().Add(captureWait)
+	for {
+		n.mu.Lock()
+		h := n.sandboxes[id]
+		n.mu.Unlock()
+		if h == nil {
+			return nil, fmt.Errorf("sandbox %s is not running here: %w", id, core.ErrNotFound)
+		}
+		if !h.paused.Load() {
+			h.lastActive.Store(time.Now().UnixNano())
+			return h, nil
+		}
+		if h.capturing.Load() == 0 || time.Now().After(deadline) {
+			return nil, fmt.Errorf("sandbox %s is paused; resume it first: %w", id, core.ErrConflict)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if h.paused.Load() {
-		return nil, fmt.Errorf("sandbox %s is paused; resume it first: %w", id, core.ErrConflict)
-	}
-	h.lastActive.Store(time.Now().UnixNano())
-	return h, nil
 }
 
 // Count returns how many sandboxes the node runs (after Close: the ones
@@ -586,7 +597,10 @@ type Sandbox struct {
 	openTunnels atomic.Int64
 
 	paused atomic.Bool // frozen: the data plane is refused
-	gone   atomic.Bool // being destroyed: readers stop retrying
+	// capturing counts snapshots of the running sandbox in flight: the
+	// data plane waits for them rather than refusing.
+	capturing atomic.Int32
+	gone      atomic.Bool // being destroyed: readers stop retrying
 	// lastActive is when the data plane last used the sandbox or a
 	// command of it ended (unix ns), for auto-pause.
 	lastActive atomic.Int64

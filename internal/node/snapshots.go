@@ -141,6 +141,8 @@ func (n *Node) checkpointer(h *Sandbox) (driver.Checkpointer, bool) {
 // captureLayer reads the writable layer with the sandbox frozen.
 func (n *Node) captureLayer(ctx context.Context, h *Sandbox, layer driver.Layer, parent snapshot.State) (snapshot.Result, error) {
 	if !h.paused.Load() {
+		h.capturing.Add(1)
+		defer h.capturing.Add(-1)
 		if err := n.freeze(ctx, h); err != nil {
 			return snapshot.Result{}, err
 		}
@@ -163,7 +165,11 @@ func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpo
 	}
 	defer os.RemoveAll(dir)
 	wasPaused := h.paused.Load()
-	// The data plane is refused from here: the agent stops listening.
+	if !wasPaused {
+		h.capturing.Add(1)
+		defer h.capturing.Add(-1) // after the agent answers again (below)
+	}
+	// The data plane waits from here: the agent stops listening.
 	h.paused.Store(true)
 	var once sync.Once
 	t0 := time.Now()

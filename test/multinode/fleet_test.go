@@ -26,6 +26,9 @@ type fleetOpts struct {
 	nodeArgs func(i int) []string
 	// snapStore: the nodes' --snapshot-store ("" = none).
 	snapStore string
+	// dsn: a PostgreSQL database of the test's own ("" = a fresh one on
+	// the shared server of $SPACE_TEST_POSTGRES).
+	dsn string
 }
 
 // newFleet starts PostgreSQL-backed replicas and nodes as separate
@@ -33,7 +36,7 @@ type fleetOpts struct {
 // checks everything (no sandbox, mount or cgroup left) at cleanup.
 func newFleet(t *testing.T, o fleetOpts) *cluster {
 	t.Helper()
-	if os.Getenv(pgtest.EnvDSN) == "" {
+	if os.Getenv(pgtest.EnvDSN) == "" && o.dsn == "" {
 		t.Skipf("needs PostgreSQL: set %s (export %s=$(bash scripts/postgres.sh))", pgtest.EnvDSN, pgtest.EnvDSN)
 	}
 	if os.Geteuid() != 0 {
@@ -42,7 +45,10 @@ func newFleet(t *testing.T, o fleetOpts) *cluster {
 	if o.driver == "" {
 		o.driver = "namespace"
 	}
-	dsn := pgtest.FreshDSN(t)
+	dsn := o.dsn
+	if dsn == "" {
+		dsn = pgtest.FreshDSN(t)
+	}
 	env, err := testenv.New("space-fleet")
 	if err != nil {
 		if env != nil {
