@@ -53,6 +53,8 @@ type Remote struct {
 	cacheMu sync.Mutex
 	cache   []core.NodeRecord // the registry as last read (listNodes)
 	cacheAt time.Time
+
+	sus suspects // nodes whose link failed since their last heartbeat
 }
 
 var (
@@ -141,7 +143,7 @@ func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstrain
 	best, bestScore, ready, withTemplate, noEgress := "", -1e18, 0, 0, 0
 	var ties, full []string
 	for _, n := range nodes {
-		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) {
+		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) || r.sus.skip(n) {
 			continue
 		}
 		if needsEgress(sb.Network) && !n.Egress {
@@ -279,6 +281,17 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 	if sb.Node == "" {
 		return core.Placement{}, fmt.Errorf("sandbox %s was not placed on a node: %w", sb.ID, core.ErrUnavailable)
 	}
+	pl, err := r.startOn(ctx, sb, progress)
+	if err != nil {
+		if pl, tried, err2 := r.startElsewhere(ctx, sb, err, progress); tried {
+			return pl, err2
+		}
+	}
+	return pl, err
+}
+
+// startOn starts sb on the node its record names.
+func (r *Remote) startOn(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
 	c, err := r.client(ctx, sb.Node)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
@@ -298,6 +311,9 @@ func (r *Remote) StartSandbox(ctx context.Context, sb core.Sandbox, progress cor
 	pl, err := c.StartSandbox(gctx, sb, creds...)
 	if err != nil {
 		r.unreserve(sb.Node, sb.ID)
+		if errors.As(err, new(unreachableError)) {
+			r.sus.mark(sb.Node, r.o.Now())
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if stopErr := c.StopSandbox(sctx, sb.ID); stopErr != nil && !errors.Is(stopErr, core.ErrUnavailable) {

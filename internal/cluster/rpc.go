@@ -249,7 +249,7 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("node %s: %w", c.Name, ctx.Err())
 		}
-		return fmt.Errorf("node %s unreachable: %v: %w", c.Name, err, core.ErrUnavailable)
+		return unreachableError{fmt.Sprintf("node %s unreachable: %v: %v", c.Name, err, core.ErrUnavailable)}
 	}
 	defer resp.Body.Close()
 	readGenerations(ctx, resp.Header)

@@ -29,6 +29,8 @@ type fleetOpts struct {
 	// dsn: a PostgreSQL database of the test's own ("" = a fresh one on
 	// the shared server of $SPACE_TEST_POSTGRES).
 	dsn string
+	// serverArgs adds flags to every replica.
+	serverArgs []string
 }
 
 // newFleet starts PostgreSQL-backed replicas and nodes as separate
@@ -107,6 +109,7 @@ func newFleet(t *testing.T, o fleetOpts) *cluster {
 		p := &proc{name: name, bin: env.Bin, log: filepath.Join(env.Work, name+".log"), addrFile: filepath.Join(env.Work, name+".addr")}
 		p.args = []string{"server", "--remote-nodes", "--node-name", name, "--store", dsn, "--data-dir", filepath.Join(env.Work, name),
 			"--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--node-timeout", nodeTimeout.String()}
+		p.args = append(p.args, o.serverArgs...)
 		c.servers = append(c.servers, p)
 	}
 	c.boot(t, env)
