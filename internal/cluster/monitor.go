@@ -112,6 +112,21 @@ func (m *Monitor) Check(ctx context.Context) {
 	}
 }
 
+// settleStale settles this replica's operations that its engine no longer
+// runs but the store still shows unfinished (their end was not stored).
+func (m *Monitor) settleStale(ctx context.Context) {
+	if m.oo == nil {
+		return
+	}
+	ops, err := m.oo.UnfinishedOperationsOf(ctx, m.o.Name)
+	if err != nil {
+		return // the store is down: the next tick tries again
+	}
+	if n := m.o.Service.SettleStaleOperations(ctx, ops, 2*m.o.Interval); n > 0 {
+		m.o.Logf("cluster: settled %d operations of this replica whose end was not stored", n)
+	}
+}
+
 // Run heartbeats and checks every interval until ctx ends.
 func (m *Monitor) Run(ctx context.Context) {
 	t := time.NewTicker(m.o.Interval)
@@ -121,6 +136,7 @@ func (m *Monitor) Run(ctx context.Context) {
 			m.o.Logf("cluster: heartbeat: %v", err)
 		}
 		m.Check(ctx)
+		m.settleStale(ctx)
 		select {
 		case <-ctx.Done():
 			return
