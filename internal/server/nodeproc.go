@@ -456,8 +456,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		core.ServiceOptions{NodeName: cfg.NodeName, AnyNode: true, Logf: cfg.Logf})
 	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: router.wake(wakeSvc.AutoResume)})
 	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakers{router.wake(wakeSvc.AutoResume), router.wakePublic(wakeSvc.AutoResumePublic)}, nil)
-	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
+	// Forwarded requests pass the router too: a wake there may move the
+	// sandbox on (datawake.go); the router never forwards them otherwise.
 	p.data.Handler = router.wrap(p.data.Handler)
+	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}

@@ -1,9 +1,11 @@
 package multinode
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"os"
+	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -259,14 +261,7 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 	if st, m := c.call(c.servers[0], "POST", "/v1/nodes/"+c.nodes[0].name+"/drain", nil); st != 403 {
 		t.Fatalf("drain with a project key: %d %v", st, m)
 	}
-	ev := c.mustCall(c.servers[0], "GET", "/v1/events?after=0&limit=1000", nil)
-	moved := 0
-	for _, x := range ev["events"].([]any) {
-		if x.(map[string]any)["type"] == "sandbox.moved" {
-			moved++
-		}
-	}
-	if moved < len(all)-1 {
+	if moved := c.countEvents(c.servers[0], "sandbox.moved", len(all)-1); moved < len(all)-1 {
 		t.Fatalf("%d sandbox.moved events for %d sandboxes over %d drains", moved, len(all), n)
 	}
 	for _, s := range all {
@@ -328,4 +323,26 @@ func TestFleetDrainWithoutSharedStore(t *testing.T) {
 			c.waitOp(s, opID(c.mustCall(s, "DELETE", "/v1/sandboxes/"+id, nil)), 60*time.Second)
 		}
 	}
+}
+
+// countEvents reads the project's event stream from its start until it
+// has seen want events of type typ (or 20 s passed) and returns how many.
+func (c *cluster) countEvents(s *proc, typ string, want int) int {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.addr["control"]+"/v1/events?last_event_id=0", nil)
+	req.Header.Set("X-API-Key", c.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("events: %v", err)
+	}
+	defer resp.Body.Close()
+	n := 0
+	for sc := bufio.NewScanner(resp.Body); n < want && sc.Scan(); {
+		if sc.Text() == "event: "+typ {
+			n++
+		}
+	}
+	return n
 }
