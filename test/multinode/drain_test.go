@@ -64,6 +64,7 @@ func (c *cluster) nodeRecord(key string, s *proc, name string) map[string]any {
 // drainResult is a node.drain operation's result.
 type drainResult struct {
 	moved  map[string]string // sandbox → node it moved to
+	procs  map[string]string // sandbox → what came back of its processes
 	stayed map[string]string // sandbox → reason
 	hib    int
 }
@@ -74,10 +75,11 @@ func parseDrain(t *testing.T, op map[string]any) drainResult {
 		t.Fatalf("drain: %v", op)
 	}
 	res := op["result"].(map[string]any)
-	out := drainResult{moved: map[string]string{}, stayed: map[string]string{}}
+	out := drainResult{moved: map[string]string{}, procs: map[string]string{}, stayed: map[string]string{}}
 	for _, x := range res["moved"].([]any) {
 		m := x.(map[string]any)
 		out.moved[m["sandbox"].(string)] = m["to"].(string)
+		out.procs[m["sandbox"].(string)], _ = m["processes"].(string)
 	}
 	for _, x := range res["stayed"].([]any) {
 		m := x.(map[string]any)
@@ -179,9 +181,19 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 			if err != nil || code != 0 || perr != nil {
 				t.Fatalf("%s: counter of %s: %q %d %v", step, s.id, out, code, err)
 			}
-			// The process came along: it goes on from its value.
+			// The process came along: its value did not go back, and it
+			// still counts.
 			if v < counts[s.id] || v < 2 {
 				t.Fatalf("%s: counter of %s is %d, was %d: the process restarted", step, s.id, v, counts[s.id])
+			}
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				out, _, _ := exec1(via, s.tok, s.id, "cat", "/tmp/count")
+				if w, _ := strconv.Atoi(strings.TrimSpace(out)); w > v {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: counter of %s stuck at %d: the process is not running", step, s.id, v)
+				}
 			}
 			counts[s.id] = v
 		}
@@ -214,6 +226,11 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 		for id, to := range res.moved {
 			if to == node.name {
 				t.Fatalf("drain of %s moved %s onto itself", node.name, id)
+			}
+			// What the driver promises: processes on gVisor, files only
+			// on the namespace driver.
+			if want := map[bool]string{true: "captured", false: "not captured"}[gv]; !strings.HasPrefix(res.procs[id], want) {
+				t.Fatalf("drain of %s moved %s with processes %q, want %s", node.name, id, res.procs[id], want)
 			}
 		}
 		listed := c.list(c.servers[0])
