@@ -67,6 +67,10 @@ type DrainStayed struct {
 // drainParallel bounds the sandboxes one drain moves at once.
 const drainParallel = 4
 
+// drainSettle bounds how long a drain waits for sandboxes of the node
+// still being created when it started.
+const drainSettle = 30 * time.Second
+
 // drainStepWait bounds each step (hibernate, wake, pause) of one move.
 const drainStepWait = 5 * time.Minute
 
@@ -154,14 +158,23 @@ func (s *Service) runDrain(ctx context.Context, dr DrainRuntime, op Operation, p
 	var mu sync.Mutex
 	done := map[string]bool{}
 	// A placement made just before the drain was stored may still be
-	// creating: later passes take what appeared meanwhile.
-	for pass := 0; pass < 5; pass++ {
+	// creating: later passes take what appeared meanwhile, for up to
+	// drainSettle; what is still creating then is reported as stayed.
+	settle := time.Now().Add(drainSettle)
+	for {
 		todo, hibernated, creating, err := s.nodeSandboxes(ctx, name, done)
 		if err != nil {
 			return nil, err
 		}
 		res.Hibernated = hibernated
-		if len(todo) == 0 && creating == 0 {
+		if len(todo) == 0 && len(creating) == 0 {
+			break
+		}
+		if len(todo) == 0 && time.Now().After(settle) {
+			for _, sb := range creating {
+				res.Stayed = append(res.Stayed, DrainStayed{Sandbox: sb.ID, State: string(sb.State),
+					Reason: fmt.Sprintf("still creating after %v; drain the node again to move it", drainSettle)})
+			}
 			break
 		}
 		if len(todo) == 0 {
@@ -200,14 +213,14 @@ func (s *Service) runDrain(ctx context.Context, dr DrainRuntime, op Operation, p
 }
 
 // nodeSandboxes lists the running and paused sandboxes of node not in
-// done, and counts its hibernated and creating ones.
-func (s *Service) nodeSandboxes(ctx context.Context, node string, done map[string]bool) (todo []Sandbox, hibernated, creating int, err error) {
+// done and its creating ones, and counts its hibernated ones.
+func (s *Service) nodeSandboxes(ctx context.Context, node string, done map[string]bool) (todo []Sandbox, hibernated int, creating []Sandbox, err error) {
 	after := ""
 	for {
 		page, err := s.store.ListSandboxes(ctx, SandboxFilter{After: after, Limit: 500,
 			States: []SandboxState{SandboxCreating, SandboxRunning, SandboxPaused, SandboxHibernated}})
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("list sandboxes of node %s: %w", node, err)
+			return nil, 0, nil, fmt.Errorf("list sandboxes of node %s: %w", node, err)
 		}
 		for _, sb := range page {
 			switch {
@@ -215,7 +228,7 @@ func (s *Service) nodeSandboxes(ctx context.Context, node string, done map[strin
 			case sb.State == SandboxHibernated:
 				hibernated++
 			case sb.State == SandboxCreating:
-				creating++
+				creating = append(creating, sb)
 			case !done[sb.ID]:
 				todo = append(todo, sb)
 			}
