@@ -46,6 +46,9 @@ func (l *linkFlags) files() cluster.TLSFiles {
 }
 
 func runNode(args []string) error {
+	if ok, err := nodeVerb(args); ok {
+		return err
+	}
 	cfg := server.DefaultConfig()
 	cfg.Listen, cfg.DataListen = "127.0.0.1:7072", "127.0.0.1:7071"
 	var nc server.NodeConfig

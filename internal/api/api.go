@@ -144,6 +144,9 @@ var routes = []route{
 	{"GET", "/v1/keys", false, (*Server).listKeys},
 	{"POST", "/v1/keys", false, (*Server).createKey},
 	{"DELETE", "/v1/keys/{id}", false, (*Server).revokeKey},
+	{"GET", "/v1/nodes", false, (*Server).listNodes},
+	{"POST", "/v1/nodes/{name}/drain", false, (*Server).drainNode},
+	{"POST", "/v1/nodes/{name}/undrain", false, (*Server).undrainNode},
 }
 
 // Routes returns "METHOD pattern" for every route (for tests and docs).

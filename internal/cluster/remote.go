@@ -140,10 +140,14 @@ func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstrain
 	now := r.o.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	best, bestScore, ready, withTemplate, noEgress := "", -1e18, 0, 0, 0
+	best, bestScore, ready, withTemplate, noEgress, drained := "", -1e18, 0, 0, 0, 0
 	var ties, full []string
 	for _, n := range nodes {
 		if !r.fresh(n, now) || pinned != "" && n.Name != pinned || !pc.allows(n) || r.sus.skip(n) {
+			continue
+		}
+		if n.Drained {
+			drained++
 			continue
 		}
 		if needsEgress(sb.Network) && !n.Egress {
@@ -185,8 +189,12 @@ func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstrain
 	switch {
 	case ready == 0 && noEgress > 0:
 		return "", fmt.Errorf("network mode %s needs a node with the egress gateway; none of the %d ready nodes has one (space node --egress): %w", sb.Network.Mode, noEgress, core.ErrUnavailable)
+	case ready == 0 && pinned != "" && drained > 0:
+		return "", fmt.Errorf("snapshot %s is kept on node %s, which is drained (space node undrain %s): %w", sb.Snapshot, pinned, pinned, core.ErrUnavailable)
 	case ready == 0 && pinned != "":
 		return "", fmt.Errorf("snapshot %s is kept on node %s, which is not ready: %w", sb.Snapshot, pinned, core.ErrUnavailable)
+	case ready == 0 && drained > 0:
+		return "", fmt.Errorf("every ready node that could take it is drained (%d): %w", drained, core.ErrUnavailable)
 	case ready == 0 && pc.store != "":
 		return "", fmt.Errorf("no ready node shares snapshot store %s: %w", pc.store, core.ErrUnavailable)
 	case ready == 0:

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -53,6 +54,12 @@ type NodeRecord struct {
 	// bumps it on every sandbox it takes or lets go (the placement view in
 	// internal/cluster).
 	Generation uint64 `json:"generation,omitempty"`
+	// Drained: an operator drained the node (space node drain): nothing is
+	// placed on it, and its sandboxes were moved away where they could
+	// be. It is kept apart from the heartbeat (NodeDrainStore), so a
+	// drained node that restarts stays drained until undrained.
+	Drained   bool       `json:"drained,omitempty"`
+	DrainedAt *time.Time `json:"drained_at,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster
@@ -69,6 +76,33 @@ type NodeStore interface {
 	MarkNodeLost(ctx context.Context, name string, staleBefore time.Time, reason string) (bool, error)
 	// DeleteNode removes a record (a node that shut down cleanly).
 	DeleteNode(ctx context.Context, name string) error
+}
+
+// NodeDrainStore records which nodes are drained, apart from their
+// heartbeat records (a heartbeat never clears a drain, and a node that
+// shuts down and comes back stays drained); ListNodes reports it in
+// NodeRecord.Drained.
+type NodeDrainStore interface {
+	// SetNodeDrained records a drain of node name at at (drained) or
+	// removes it; setting what is already set changes nothing (the first
+	// drain's time stays).
+	SetNodeDrained(ctx context.Context, name string, drained bool, at time.Time) error
+}
+
+// DecodeNodeRecord decodes a stored node record and sets its drain from
+// the drain table (drainedAt in Unix nanoseconds, when drained); what the
+// heartbeat's document says of it is ignored.
+func DecodeNodeRecord(doc string, drainedAt int64, drained bool) (NodeRecord, error) {
+	var n NodeRecord
+	if err := json.Unmarshal([]byte(doc), &n); err != nil {
+		return NodeRecord{}, fmt.Errorf("decode node: %w", err)
+	}
+	n.Drained, n.DrainedAt = drained, nil
+	if drained {
+		at := time.Unix(0, drainedAt).UTC()
+		n.DrainedAt = &at
+	}
+	return n, nil
 }
 
 // OwnedOperations is implemented by stores that record which server runs

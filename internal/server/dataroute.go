@@ -69,18 +69,21 @@ type peer struct {
 // wrap forwards what another node serves and hands the rest to next.
 func (d *dataRouter) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(forwardedHeader) != "" {
-			next.ServeHTTP(w, r)
-			return
-		}
 		id := requestSandbox(r)
 		if id == "" || !core.ValidSandboxID(id) || d.local.Has(id) {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if r.Header.Get(forwardedHeader) != "" {
+			// Served here, never forwarded on, unless a wake moves the
+			// sandbox (datawake.go).
+			d.serveLocal(next, w, r, id)
+			return
+		}
 		p := d.peerFor(r.Context(), id)
 		if p == nil {
-			next.ServeHTTP(w, r) // answers as for an unknown sandbox
+			// Answers as for an unknown sandbox, or wakes a hibernated one.
+			d.serveLocal(next, w, r, id)
 			return
 		}
 		p.proxy.ServeHTTP(w, r)
@@ -190,9 +193,8 @@ func nodeLinkClient(nc NodeConfig, logf func(string, ...any)) cluster.LinkOption
 	return cluster.LinkOptions{TLS: ct}
 }
 
-// nodePauser is the node's runtime for its automatic resume: the
-// lifecycle plus pause and resume, no snapshots (so a hibernated sandbox
-// is not woken here: that is a replica's, which may place it elsewhere).
+// nodePauser is the node's runtime for thawing its own paused sandboxes
+// (nodeWaker adds the wake of hibernated ones).
 type nodePauser struct{ lifecycleOnly }
 
 func (n nodePauser) PauseSandbox(ctx context.Context, id string) error {

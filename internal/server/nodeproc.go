@@ -442,14 +442,24 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	// Automatic resume on a data-plane call: this node thaws its own
-	// paused sandboxes (a wake from hibernation is a replica's).
-	wakeSvc := core.NewService(p.store, p.engine, broker, nodePauser{lifecycleOnly{p.rt}}, core.ServiceOptions{NodeName: cfg.NodeName, Logf: cfg.Logf})
-	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: wakeSvc.AutoResume})
-	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakeSvc, nil)
+	// paused sandboxes, and wakes a hibernated one through the scheduler
+	// as a replica would (it may come back on another node: datawake.go).
+	link := nodeLinkClient(nc, cfg.Logf)
 	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
-		link: nodeLinkClient(nc, cfg.Logf), logf: cfg.Logf, peers: map[string]*peer{}}
-	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
+		link: link, logf: cfg.Logf, peers: map[string]*peer{}}
+	waker, err := cluster.NewRemote(cluster.RemoteOptions{Store: p.store, Signer: cluster.NewSigner(nc.Secret, time.Now),
+		Timeout: cfg.NodeTimeout, Link: link, Logf: cfg.Logf})
+	if err != nil {
+		return nil, err
+	}
+	wakeSvc := core.NewService(p.store, p.engine, broker, nodeWaker{nodePauser: nodePauser{lifecycleOnly{p.rt}}, remote: waker, local: nodeHas{p.node}},
+		core.ServiceOptions{NodeName: cfg.NodeName, AnyNode: true, Logf: cfg.Logf})
+	envd := e2b.NewEnvd(e2b.EnvdOptions{Node: p.node, Sessions: sessions, Logf: cfg.Logf, SessionTTL: cfg.SessionTTL, Wake: router.wake(wakeSvc.AutoResume)})
+	p.data = newDataServer(cfg, p.node, sessions, envd, p.dataURL, wakers{router.wake(wakeSvc.AutoResume), router.wakePublic(wakeSvc.AutoResumePublic)}, nil)
+	// Forwarded requests pass the router too: a wake there may move the
+	// sandbox on (datawake.go); the router never forwards them otherwise.
 	p.data.Handler = router.wrap(p.data.Handler)
+	p.rpc.Handler = forwardedData(p.rpc.Handler, p.data.Handler)
 	if err := p.startMetrics(runCtx, obs); err != nil {
 		return nil, err
 	}

@@ -610,7 +610,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// envelope: httpx.Limits below net/http's own (higher) header limit, and
 	// httpx.Listener for what net/http answers itself.
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), func() []string { return []string{dataURL} })), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
-	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, s.svc, s.audit)
+	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, serviceWakers(s.svc), s.audit)
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}

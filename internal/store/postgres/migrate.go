@@ -78,6 +78,9 @@ CREATE TABLE IF NOT EXISTS credentials (
   wrapped_key BYTEA NOT NULL, sealed BYTEA NOT NULL, doc TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS credentials_project ON credentials(project_id, id);
 `,
+		// 6: drained nodes (core.NodeDrainStore), apart from the
+		// heartbeat records so a restart keeps a node drained.
+		`CREATE TABLE IF NOT EXISTS node_drains (name TEXT COLLATE "C" PRIMARY KEY, drained_at BIGINT NOT NULL);`,
 	}
 }
 

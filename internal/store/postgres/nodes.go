@@ -15,6 +15,7 @@ import (
 var (
 	_ core.NodeStore       = (*Store)(nil)
 	_ core.OwnedOperations = (*Store)(nil)
+	_ core.NodeDrainStore  = (*Store)(nil)
 )
 
 // PutNode implements core.NodeStore.
@@ -50,7 +51,7 @@ func (s *Store) PutNode(ctx context.Context, n core.NodeRecord) (core.NodeRecord
 
 // ListNodes implements core.NodeStore.
 func (s *Store) ListNodes(ctx context.Context) ([]core.NodeRecord, error) {
-	rows, err := s.pool.Query(ctx, `SELECT doc FROM nodes ORDER BY name`)
+	rows, err := s.pool.Query(ctx, `SELECT n.doc, d.drained_at FROM nodes n LEFT JOIN node_drains d ON d.name = n.name ORDER BY n.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -58,12 +59,17 @@ func (s *Store) ListNodes(ctx context.Context) ([]core.NodeRecord, error) {
 	out := []core.NodeRecord{}
 	for rows.Next() {
 		var raw string
-		if err := rows.Scan(&raw); err != nil {
+		var drained *int64
+		if err := rows.Scan(&raw, &drained); err != nil {
 			return nil, fmt.Errorf("list nodes: %w", err)
 		}
-		var n core.NodeRecord
-		if err := json.Unmarshal([]byte(raw), &n); err != nil {
-			return nil, fmt.Errorf("decode node: %w", err)
+		var at int64
+		if drained != nil {
+			at = *drained
+		}
+		n, err := core.DecodeNodeRecord(raw, at, drained != nil)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, n)
 	}
@@ -137,4 +143,16 @@ func (s *Store) UnfinishedOperationsOf(ctx context.Context, owner string) ([]cor
 		out = append(out, op)
 	}
 	return out, rows.Err()
+}
+
+// SetNodeDrained implements core.NodeDrainStore.
+func (s *Store) SetNodeDrained(ctx context.Context, name string, drained bool, at time.Time) error {
+	q, args := `DELETE FROM node_drains WHERE name=$1`, []any{name}
+	if drained {
+		q, args = `INSERT INTO node_drains(name, drained_at) VALUES($1,$2) ON CONFLICT (name) DO NOTHING`, []any{name, at.UnixNano()}
+	}
+	if _, err := s.pool.Exec(ctx, q, args...); err != nil {
+		return fmt.Errorf("set node %s drained=%v: %w", name, drained, err)
+	}
+	return nil
 }

@@ -11,7 +11,10 @@ import (
 	"github.com/space-sandbox/space/internal/core"
 )
 
-var _ core.NodeStore = (*Store)(nil)
+var (
+	_ core.NodeStore      = (*Store)(nil)
+	_ core.NodeDrainStore = (*Store)(nil)
+)
 
 // PutNode implements core.NodeStore.
 func (s *Store) PutNode(ctx context.Context, n core.NodeRecord) (core.NodeRecord, error) {
@@ -50,7 +53,7 @@ func (s *Store) PutNode(ctx context.Context, n core.NodeRecord) (core.NodeRecord
 
 // ListNodes implements core.NodeStore.
 func (s *Store) ListNodes(ctx context.Context) ([]core.NodeRecord, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM nodes ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT n.doc, d.drained_at FROM nodes n LEFT JOIN node_drains d ON d.name = n.name ORDER BY n.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -58,12 +61,13 @@ func (s *Store) ListNodes(ctx context.Context) ([]core.NodeRecord, error) {
 	out := []core.NodeRecord{}
 	for rows.Next() {
 		var raw string
-		if err := rows.Scan(&raw); err != nil {
+		var drained sql.NullInt64
+		if err := rows.Scan(&raw, &drained); err != nil {
 			return nil, fmt.Errorf("list nodes: %w", err)
 		}
-		var n core.NodeRecord
-		if err := json.Unmarshal([]byte(raw), &n); err != nil {
-			return nil, fmt.Errorf("decode node: %w", err)
+		n, err := core.DecodeNodeRecord(raw, drained.Int64, drained.Valid)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, n)
 	}
@@ -108,6 +112,18 @@ func (s *Store) MarkNodeLost(ctx context.Context, name string, staleBefore time.
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM nodes WHERE name=?`, name); err != nil {
 		return fmt.Errorf("delete node: %w", err)
+	}
+	return nil
+}
+
+// SetNodeDrained implements core.NodeDrainStore.
+func (s *Store) SetNodeDrained(ctx context.Context, name string, drained bool, at time.Time) error {
+	q, args := `DELETE FROM node_drains WHERE name=?`, []any{name}
+	if drained {
+		q, args = `INSERT INTO node_drains(name, drained_at) VALUES(?,?) ON CONFLICT(name) DO NOTHING`, []any{name, at.UnixNano()}
+	}
+	if _, err := s.db.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("set node %s drained=%v: %w", name, drained, err)
 	}
 	return nil
 }

@@ -52,6 +52,7 @@ CREATE INDEX IF NOT EXISTS snapshots_parent ON snapshots(parent_id);
 CREATE INDEX IF NOT EXISTS snapshots_sandbox ON snapshots(sandbox_id);
 CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at INTEGER NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS node_drains (name TEXT PRIMARY KEY, drained_at INTEGER NOT NULL);
 `
 
 // Open opens (creating if needed) the database file at path.

@@ -23,6 +23,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, newStore(t)) })
+	t.Run("NodeDrains", func(t *testing.T) { testNodeDrains(t, newStore(t)) })
 	t.Run("Credentials", func(t *testing.T) { testCredentials(t, newStore(t)) })
 	t.Run("Retention", func(t *testing.T) { testRetention(t, newStore(t)) })
 }
