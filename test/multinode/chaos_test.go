@@ -78,7 +78,8 @@ type acked struct {
 // A fleet under load survives chaos: while clients create a few sandboxes
 // a second through either replica (retrying through the other, with an
 // Idempotency-Key), a node is killed with SIGKILL, a replica is killed
-// with SIGKILL and PostgreSQL (the test's own cluster) is restarted. No
+// with SIGKILL, PostgreSQL (the test's own cluster) is restarted and
+// another node is drained (space node drain). No
 // acknowledged create is lost: each operation ends visibly, each sandbox
 // ends running (checkpointed ones of the killed node on another node, with
 // their files as of their checkpoint) or in a terminal state with a reason.
@@ -111,12 +112,12 @@ func TestFleetChaos(t *testing.T) {
 	}
 	// call retries through the live replicas until one answers below 500
 	// (connection refused, PostgreSQL restarting) or 40 s pass.
-	call := func(first int, method, path string, body any, key string) (int, map[string]any) {
+	callAs := func(apiKey string, first int, method, path string, body any, key string) (int, map[string]any) {
 		deadline := time.Now().Add(40 * time.Second)
 		for i := first; ; i++ {
 			reps := alive()
 			s := reps[i%len(reps)]
-			st, m, err := testenv.DoJSON(method, s.addr["control"]+path, map[string]string{"X-API-Key": c.key, "Idempotency-Key": key}, body)
+			st, m, err := testenv.DoJSON(method, s.addr["control"]+path, map[string]string{"X-API-Key": apiKey, "Idempotency-Key": key}, body)
 			if err == nil && st < 500 {
 				return st, m
 			}
@@ -125,6 +126,9 @@ func TestFleetChaos(t *testing.T) {
 			}
 			time.Sleep(250 * time.Millisecond)
 		}
+	}
+	call := func(first int, method, path string, body any, key string) (int, map[string]any) {
+		return callAs(c.key, first, method, path, body, key)
 	}
 	// waitOp follows an operation through the live replicas.
 	waitOp := func(op string, limit time.Duration) map[string]any {
@@ -231,6 +235,26 @@ func TestFleetChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restarted PostgreSQL")
+	// Drain another node while creates may still arrive: its sandboxes
+	// move (hibernated, woken elsewhere), nothing new lands on it.
+	var drained *proc
+	for _, n := range c.nodes {
+		if n != victim && drained == nil {
+			drained = n
+		}
+	}
+	admin := c.adminKey()
+	st, m := callAs(admin, 0, "POST", "/v1/nodes/"+drained.name+"/drain", nil, "chaos-drain")
+	if st != 202 {
+		t.Fatalf("drain %s: %d %v", drained.name, st, m)
+	}
+	dr := parseDrain(t, waitOp(opID(m), 3*time.Minute))
+	t.Logf("drained %s: %d moved, %d stayed %v", drained.name, len(dr.moved), len(dr.stayed), dr.stayed)
+	for id, reason := range dr.stayed {
+		if reason == "" {
+			t.Errorf("drain left %s without a reason", id)
+		}
+	}
 	wg.Wait()
 	close(stop)
 	mu.Lock()
@@ -284,6 +308,13 @@ func TestFleetChaos(t *testing.T) {
 			}
 		default:
 			t.Errorf("%s ends %v: %v", a.id, st, sb)
+		}
+	}
+	for id, sb := range c.list(s) {
+		if sb["node"] == drained.name && (sb["state"] == "running" || sb["state"] == "paused") {
+			if _, ok := dr.stayed[id]; !ok {
+				t.Errorf("%s is %v on drained %s", id, sb["state"], drained.name)
+			}
 		}
 	}
 	restarted := 0
