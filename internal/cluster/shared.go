@@ -111,6 +111,9 @@ var (
 	_ core.DrainRuntime = (*Remote)(nil)
 )
 
+// NodesChanged implements core.DrainRuntime.
+func (r *Remote) NodesChanged() { r.dropNodeCache() }
+
 // DrainTarget implements core.DrainRuntime: the node a wake of sb would
 // move it to were its node drained (the same driver, sharing its node's
 // snapshot store, with room), or why there is none. Nothing is reserved.

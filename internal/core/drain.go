@@ -21,6 +21,10 @@ type DrainRuntime interface {
 	// DrainTarget returns the node a sandbox of a drained node would move
 	// to, or why none can take it (nothing is reserved).
 	DrainTarget(ctx context.Context, sb Sandbox) (string, error)
+	// NodesChanged drops what the runtime cached of the registry: a drain
+	// or undrain counts at once on this replica (others see it within
+	// their cache's age).
+	NodesChanged()
 }
 
 // NodeDrains returns the store's drain records (through wrappers such as
@@ -123,6 +127,7 @@ func (s *Service) UndrainNode(ctx context.Context, name string) (NodeRecord, err
 	if err := ds.SetNodeDrained(ctx, name, false, s.opts.Now().UTC()); err != nil {
 		return NodeRecord{}, err
 	}
+	s.runtime.(DrainRuntime).NodesChanged()
 	s.opts.Logf("node %s undrained: placement resumes", name)
 	return s.node(ctx, ns, name)
 }
@@ -145,6 +150,7 @@ func (s *Service) DrainNode(ctx context.Context, projectID, name, idemKey string
 	if err := ds.SetNodeDrained(ctx, name, true, s.opts.Now().UTC()); err != nil {
 		return Operation{}, err
 	}
+	dr.NodesChanged()
 	s.opts.Logf("node %s drained: no more placements there; moving its sandboxes away", name)
 	op := s.engine.NewOperation(projectID, "node.drain", name)
 	return s.engine.Submit(ctx, op, idemKey, func(ctx context.Context, progress Progress) (any, error) {

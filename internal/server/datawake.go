@@ -12,8 +12,10 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
@@ -38,7 +40,24 @@ func (n nodeWaker) CaptureSnapshot(ctx context.Context, id string, chain []strin
 	return n.remote.CaptureSnapshot(ctx, id, chain)
 }
 
+// hibernateSettle bounds how long a wake waits for the instance a
+// hibernation is destroying on this node.
+const hibernateSettle = 30 * time.Second
+
 func (n nodeWaker) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
+	// A replica commits a hibernation before it destroys the instance
+	// (under its own lock, which a node does not share): a call in
+	// between finds the record hibernated and the instance still here.
+	for deadline := time.Now().Add(hibernateSettle); n.local.Has(sb.ID); {
+		if time.Now().After(deadline) {
+			return core.Placement{}, fmt.Errorf("sandbox %s is hibernated but its instance is still on this node after %v: %w", sb.ID, hibernateSettle, core.ErrConflict)
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return core.Placement{}, ctx.Err()
+		}
+	}
 	return n.remote.StartSandboxFromSnapshot(ctx, sb, chain, progress)
 }
 

@@ -448,7 +448,10 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	router := &dataRouter{self: cfg.NodeName, local: nodeHas{p.node}, store: p.store, ns: p.ns,
 		link: link, logf: cfg.Logf, peers: map[string]*peer{}}
 	waker, err := cluster.NewRemote(cluster.RemoteOptions{Store: p.store, Signer: cluster.NewSigner(nc.Secret, time.Now),
-		Timeout: cfg.NodeTimeout, Link: link, Logf: cfg.Logf})
+		Timeout: cfg.NodeTimeout, Link: link, Logf: cfg.Logf,
+		// Wakes are rare: each reads the registry as it is (a drain
+		// that just happened counts).
+		NodeCacheTTL: -1})
 	if err != nil {
 		return nil, err
 	}

@@ -201,6 +201,7 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 	check("before the upgrade", c.nodes)
 	for k, node := range c.nodes {
 		var op map[string]any
+		t0 := time.Now()
 		if k == 0 {
 			// The CLI verb, as an operator runs it.
 			cmd := exec.Command(node.bin, "node", "drain", node.name, "--json", "--url", c.servers[0].addr["control"])
@@ -239,7 +240,7 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 				t.Fatalf("after the drain of %s, sandbox %s is still there (%v)", node.name, id, sb["state"])
 			}
 		}
-		t.Logf("drained %s: %d sandboxes moved", node.name, len(res.moved))
+		t.Logf("drained %s: %d sandboxes moved in %v", node.name, len(res.moved), time.Since(t0).Round(time.Millisecond))
 		if rec := c.nodeRecord(admin, c.servers[1], node.name); rec["drained"] != true {
 			t.Fatalf("registry after the drain: %v", rec)
 		}
