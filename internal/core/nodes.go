@@ -53,6 +53,10 @@ type NodeRecord struct {
 	// bumps it on every sandbox it takes or lets go (the placement view in
 	// internal/cluster).
 	Generation uint64 `json:"generation,omitempty"`
+
+	// TemplateLayers are the templates built over the API that the node
+	// can hand to other nodes (TemplateLayer).
+	TemplateLayers []TemplateLayer `json:"template_layers,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster
