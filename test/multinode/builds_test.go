@@ -23,8 +23,9 @@ import (
 // uploaded context, a RUN whose output is in the step log and whose file
 // is in the template, and an ENV default.
 const buildsFile = `FROM minimal
-COPY app.txt /app.txt
-RUN echo run-step-output && echo built-by-run > /hello.txt
+USER root
+COPY app.txt /etc/app.txt
+RUN echo run-step-output && echo built-by-run > /etc/hello.txt
 ENV GREETING=hi-from-env
 `
 
@@ -140,7 +141,7 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	}
 	for node, id := range onNode {
 		url, tok := c.session(b, id)
-		out, code, err := exec1(url, tok, id, "sh", "-c", "cat /hello.txt /app.txt; echo $GREETING")
+		out, code, err := exec1(url, tok, id, "sh", "-c", "cat /etc/hello.txt /etc/app.txt; echo $GREETING")
 		if err != nil || code != 0 || out != "built-by-run\nfrom-the-context\nhi-from-env\n" {
 			t.Errorf("template content on node %s (sandbox %s): %q %d %v", node, id, out, code, err)
 		}
@@ -153,6 +154,19 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 			c.waitOp(b, opID(m), 60*time.Second)
 		}
 	}
+	// A JSON build (busybox) through the other replica spreads the same way.
+	st, m = c.call(b, "POST", "/v1/templates", map[string]any{"name": "bb", "source": "busybox", "env": map[string]string{"K": "v"}})
+	if st != 202 {
+		t.Fatalf("busybox build: %d %v", st, m)
+	}
+	if op := c.waitOp(a, opID(m), 2*time.Minute); op["state"] != "succeeded" {
+		t.Fatalf("busybox build: %v", op)
+	}
+	for deadline := time.Now().Add(90 * time.Second); !slices.Equal(c.templateNodes(a, "bb"), want); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("template bb on %v, want %v", c.templateNodes(a, "bb"), want)
+		}
+	}
 	// What is still refused with remote nodes.
 	if st, m := c.call(a, "POST", "/v1/templates/hello/alias", map[string]any{"alias": "hello2"}); st != 503 {
 		t.Errorf("alias: %d %v, want 503", st, m)
@@ -160,19 +174,23 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	if snapStore != "" {
 		return
 	}
-	// No node up: a build is refused at once.
+	// No node up: once the replica sees every node gone (their heartbeats
+	// older than the timeout), a build is refused at once.
 	for _, p := range c.nodes {
 		p.signal(syscall.SIGTERM)
 	}
-	for deadline := time.Now().Add(2 * nodeTimeout); ; time.Sleep(100 * time.Millisecond) {
-		st, m := c.call(a, "POST", "/v1/templates", map[string]any{"name": "t2", "source": "busybox"})
-		e, _ := m["error"].(map[string]any)
-		if st == 503 && e["code"] == "unavailable" && strings.Contains(fmt.Sprint(e["message"]), "no node is ready") {
+	for deadline := time.Now().Add(3 * nodeTimeout); ; time.Sleep(100 * time.Millisecond) {
+		if st, _ := c.call(a, "GET", "/v1/templates/minimal", nil); st == 503 {
 			break
 		}
-		if st == 202 || time.Now().After(deadline) {
-			t.Fatalf("build with no node up: %d %v, want 503 unavailable", st, m)
+		if time.Now().After(deadline) {
+			t.Fatalf("the nodes still look ready %v after they stopped", 3*nodeTimeout)
 		}
+	}
+	st, m = c.call(a, "POST", "/v1/templates", map[string]any{"name": "t2", "source": "busybox"})
+	e, _ := m["error"].(map[string]any)
+	if st != 503 || e["code"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "no node is ready") {
+		t.Fatalf("build with no node up: %d %v, want 503 unavailable", st, m)
 	}
 }
 
