@@ -124,36 +124,35 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	}
 
 	// One sandbox per node, each showing the build's content.
-	onNode := map[string]string{}
-	for i := range c.nodes {
-		st, m := c.call(a, "POST", "/v1/sandboxes", map[string]any{"template": "hello"})
-		if st != 202 {
-			t.Fatalf("create %d: %d %v", i, st, m)
-		}
-		sb := m["sandbox"].(map[string]any)
-		if done := c.waitOp(a, opID(m), 60*time.Second); done["state"] != "succeeded" {
-			t.Fatalf("create on %v: %v", sb["node"], done)
-		}
-		onNode[sb["node"].(string)] = sb["id"].(string)
-	}
-	if len(onNode) != len(c.nodes) {
-		t.Fatalf("sandboxes on %v, want one on each of %v", onNode, want)
-	}
-	for node, id := range onNode {
-		url, tok := c.session(b, id)
-		out, code, err := exec1(url, tok, id, "sh", "-c", "cat /etc/hello.txt /etc/app.txt; echo $GREETING")
-		if err != nil || code != 0 || out != "built-by-run\nfrom-the-context\nhi-from-env\n" {
-			t.Errorf("template content on node %s (sandbox %s): %q %d %v", node, id, out, code, err)
-		}
-	}
+	c.onEveryNode(a, b, "hello", "built-by-run\nfrom-the-context\nhi-from-env\n")
 	t.Logf("built on %s in %v; on all %d nodes %v after the build started", builder, built.Round(time.Millisecond), len(c.nodes), spread.Round(time.Millisecond))
-	for _, id := range onNode {
-		if st, m := c.call(b, "DELETE", "/v1/sandboxes/"+id, nil); st != 202 {
-			t.Errorf("delete %s: %d %v", id, st, m)
-		} else {
-			c.waitOp(b, opID(m), 60*time.Second)
+
+	// A rebuild of the name through the other replica wins on every node:
+	// once the listing shows its digest on all of them, every sandbox of
+	// the name has the new tree.
+	st, m = c.buildFile(b, "hello", strings.Replace(buildsFile, "built-by-run", "rebuilt", 1), ctxDir)
+	if st != 202 {
+		t.Fatalf("rebuild: %d %v", st, m)
+	}
+	op = c.waitOp(a, opID(m), 3*time.Minute)
+	if op["state"] != "succeeded" {
+		t.Fatalf("rebuild: %v", op)
+	}
+	digest := op["result"].(map[string]any)["template"].(map[string]any)["digest"]
+	if digest == tmpl["digest"] {
+		t.Fatalf("the rebuild kept digest %v", digest)
+	}
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, got := c.call(a, "GET", "/v1/templates/hello", nil)
+		if got["digest"] == digest && slices.Equal(c.templateNodes(a, "hello"), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rebuilt hello: %v, want digest %v on %v", got, digest, want)
 		}
 	}
+	c.onEveryNode(a, b, "hello", "rebuilt\nfrom-the-context\nhi-from-env\n")
+
 	// A JSON build (busybox) through the other replica spreads the same way.
 	st, m = c.call(b, "POST", "/v1/templates", map[string]any{"name": "bb", "source": "busybox", "env": map[string]string{"K": "v"}})
 	if st != 202 {
@@ -191,6 +190,43 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	e, _ := m["error"].(map[string]any)
 	if st != 503 || e["code"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "no node is ready") {
 		t.Fatalf("build with no node up: %d %v, want 503 unavailable", st, m)
+	}
+}
+
+// onEveryNode creates one sandbox of template through a on each node
+// (they take one each), checks through b that each prints want for its
+// build's files and ENV, and deletes them.
+func (c *cluster) onEveryNode(a, b *proc, template, want string) {
+	t := c.t
+	t.Helper()
+	onNode := map[string]string{}
+	for i := range c.nodes {
+		st, m := c.call(a, "POST", "/v1/sandboxes", map[string]any{"template": template})
+		if st != 202 {
+			t.Fatalf("create %d: %d %v", i, st, m)
+		}
+		sb := m["sandbox"].(map[string]any)
+		if done := c.waitOp(a, opID(m), 60*time.Second); done["state"] != "succeeded" {
+			t.Fatalf("create on %v: %v", sb["node"], done)
+		}
+		onNode[sb["node"].(string)] = sb["id"].(string)
+	}
+	if len(onNode) != len(c.nodes) {
+		t.Fatalf("sandboxes on %v, want one on each of the %d nodes", onNode, len(c.nodes))
+	}
+	for node, id := range onNode {
+		url, tok := c.session(b, id)
+		out, code, err := exec1(url, tok, id, "sh", "-c", "cat /etc/hello.txt /etc/app.txt; echo $GREETING")
+		if err != nil || code != 0 || out != want {
+			t.Errorf("template content on node %s (sandbox %s): %q %d %v, want %q", node, id, out, code, err, want)
+		}
+	}
+	for _, id := range onNode {
+		if st, m := c.call(b, "DELETE", "/v1/sandboxes/"+id, nil); st != 202 {
+			t.Errorf("delete %s: %d %v", id, st, m)
+		} else {
+			c.waitOp(b, opID(m), 60*time.Second)
+		}
 	}
 }
 
