@@ -153,6 +153,26 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	}
 	c.onEveryNode(a, b, "hello", "rebuilt\nfrom-the-context\nhi-from-env\n")
 
+	// A node that joins after the builds (the last one, restarted on an
+	// empty data dir) copies the newest build of the template too.
+	last := c.nodes[len(c.nodes)-1]
+	last.signal(syscall.SIGTERM)
+	last.dataDir += "-new"
+	c.dirs = append(c.dirs, last.dataDir)
+	last.setArg("--data-dir", last.dataDir)
+	last.setArg("--template-dir", filepath.Join(last.dataDir, "templates"))
+	last.start(t)
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, got := c.call(a, "GET", "/v1/templates/hello", nil)
+		if got["digest"] == digest && slices.Equal(c.templateNodes(a, "hello"), want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s joined: %v, want digest %v on %v", last.name, got, digest, want)
+		}
+	}
+	c.onEveryNode(a, b, "hello", "rebuilt\nfrom-the-context\nhi-from-env\n")
+
 	// A JSON build (busybox) through the other replica spreads the same way.
 	st, m = c.call(b, "POST", "/v1/templates", map[string]any{"name": "bb", "source": "busybox", "env": map[string]string{"K": "v"}})
 	if st != 202 {
