@@ -1,6 +1,7 @@
 package multinode
 
 import (
+	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/space-sandbox/space/pkg/client"
 )
 
@@ -124,7 +131,7 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	}
 
 	// One sandbox per node, each showing the build's content.
-	c.onEveryNode(a, b, "hello", "built-by-run\nfrom-the-context\nhi-from-env\n")
+	c.onEveryNode(a, b, "hello", buildsCheck, "built-by-run\nfrom-the-context\nhi-from-env\n")
 	t.Logf("built on %s in %v; on all %d nodes %v after the build started", builder, built.Round(time.Millisecond), len(c.nodes), spread.Round(time.Millisecond))
 
 	// A rebuild of the name through the other replica wins on every node:
@@ -151,7 +158,7 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 			t.Fatalf("rebuilt hello: %v, want digest %v on %v", got, digest, want)
 		}
 	}
-	c.onEveryNode(a, b, "hello", "rebuilt\nfrom-the-context\nhi-from-env\n")
+	c.onEveryNode(a, b, "hello", buildsCheck, "rebuilt\nfrom-the-context\nhi-from-env\n")
 
 	// A node that joins after the builds (the last one, restarted on an
 	// empty data dir) copies the newest build of the template too.
@@ -171,7 +178,7 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 			t.Fatalf("after %s joined: %v, want digest %v on %v", last.name, got, digest, want)
 		}
 	}
-	c.onEveryNode(a, b, "hello", "rebuilt\nfrom-the-context\nhi-from-env\n")
+	c.onEveryNode(a, b, "hello", buildsCheck, "rebuilt\nfrom-the-context\nhi-from-env\n")
 
 	// A JSON build (busybox) through the other replica spreads the same way.
 	st, m = c.call(b, "POST", "/v1/templates", map[string]any{"name": "bb", "source": "busybox", "env": map[string]string{"K": "v"}})
@@ -186,6 +193,33 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 			t.Fatalf("template bb on %v, want %v", c.templateNodes(a, "bb"), want)
 		}
 	}
+	// An uploaded image archive (POST /v1/templates/upload) too: the
+	// archive is streamed to the building node.
+	if snapStore == "" {
+		req, _ := http.NewRequest("POST", a.addr["control"]+"/v1/templates/upload?name=up", bytes.NewReader(imageArchive(t)))
+		req.Header.Set("Content-Type", "application/x-tar")
+		req.Header.Set("X-API-Key", c.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m = nil
+		json.NewDecoder(resp.Body).Decode(&m)
+		resp.Body.Close()
+		if resp.StatusCode != 202 {
+			t.Fatalf("upload: %d %v", resp.StatusCode, m)
+		}
+		if op := c.waitOp(b, opID(m), 2*time.Minute); op["state"] != "succeeded" {
+			t.Fatalf("upload build: %v", op)
+		}
+		for deadline := time.Now().Add(90 * time.Second); !slices.Equal(c.templateNodes(b, "up"), want); time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("template up on %v, want %v", c.templateNodes(b, "up"), want)
+			}
+		}
+		c.onEveryNode(a, b, "up", "cat /etc/upload.txt", "from-the-archive\n")
+	}
+
 	// What is still refused with remote nodes.
 	if st, m := c.call(a, "POST", "/v1/templates/hello/alias", map[string]any{"alias": "hello2"}); st != 503 {
 		t.Errorf("alias: %d %v, want 503", st, m)
@@ -213,10 +247,13 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	}
 }
 
+// buildsCheck prints the files and ENV the build file gives a template.
+const buildsCheck = "cat /etc/hello.txt /etc/app.txt; echo $GREETING"
+
 // onEveryNode creates one sandbox of template through a on each node
-// (they take one each), checks through b that each prints want for its
-// build's files and ENV, and deletes them.
-func (c *cluster) onEveryNode(a, b *proc, template, want string) {
+// (they take one each), checks through b that script prints want in each,
+// and deletes them.
+func (c *cluster) onEveryNode(a, b *proc, template, script, want string) {
 	t := c.t
 	t.Helper()
 	onNode := map[string]string{}
@@ -236,7 +273,7 @@ func (c *cluster) onEveryNode(a, b *proc, template, want string) {
 	}
 	for node, id := range onNode {
 		url, tok := c.session(b, id)
-		out, code, err := exec1(url, tok, id, "sh", "-c", "cat /etc/hello.txt /etc/app.txt; echo $GREETING")
+		out, code, err := exec1(url, tok, id, "sh", "-c", script)
 		if err != nil || code != 0 || out != want {
 			t.Errorf("template content on node %s (sandbox %s): %q %d %v, want %q", node, id, out, code, err, want)
 		}
@@ -306,4 +343,49 @@ func (c *cluster) templateNodes(s *proc, name string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// imageArchive is a docker-archive of a one-layer image: busybox (sh, cat)
+// and /etc/upload.txt.
+func imageArchive(t *testing.T) []byte {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skipf("needs /bin/busybox: %v", err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	at := time.Unix(1700000000, 0)
+	for _, d := range []string{"bin/", "etc/", "tmp/", "proc/", "sys/", "dev/"} {
+		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: at})
+	}
+	for name, body := range map[string][]byte{"bin/busybox": bb, "etc/upload.txt": []byte("from-the-archive\n")} {
+		tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(body)), ModTime: at})
+		tw.Write(body)
+	}
+	for _, a := range []string{"sh", "cat"} {
+		tw.WriteHeader(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", ModTime: at})
+	}
+	tw.Close()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Config = v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	tag, _ := name.NewTag("space.test/up:1")
+	var out bytes.Buffer
+	if err := tarball.Write(tag, img, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }
