@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -438,18 +439,28 @@ func (p PeerObjects) List(context.Context, string, func(snapshot.ObjectInfo) err
 func (p PeerObjects) Delete(context.Context, string) error { return errReadOnly }
 func (p PeerObjects) String() string                       { return "node " + p.C.Name }
 
-// BuildNode picks the node a template build runs on: of the ready nodes,
-// the one with the most free memory and CPU (the shares left, added).
-// None ready: ErrUnavailable.
-func (r *Remote) BuildNode(ctx context.Context) (*Client, error) {
+// BuildNode picks the node a template build runs on: of the ready nodes
+// that have the first template of base (a build file's FROM, in the order
+// it resolves) that some ready node has, or of all ready nodes, the one
+// with the most free memory and CPU (the shares left, added). None ready:
+// ErrUnavailable.
+func (r *Remote) BuildNode(ctx context.Context, base ...string) (*Client, error) {
 	nodes, err := r.listNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
 	now := r.o.Now()
+	hasBase := func(core.NodeRecord) bool { return true }
+	for _, ref := range base {
+		has := func(n core.NodeRecord) bool { return slices.Contains(n.Templates, ref) }
+		if slices.ContainsFunc(nodes, func(n core.NodeRecord) bool { return r.fresh(n, now) && has(n) }) {
+			hasBase = has
+			break
+		}
+	}
 	best, bestScore := "", -1.0
 	for _, n := range nodes {
-		if !r.fresh(n, now) {
+		if !r.fresh(n, now) || !hasBase(n) {
 			continue
 		}
 		score := 0.0

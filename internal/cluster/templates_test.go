@@ -15,10 +15,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/snapshot"
+	"github.com/space-sandbox/space/internal/store/sqlite"
 )
 
 // peerBuilder serves a real snapshot store's objects as a node serves its
@@ -148,5 +150,48 @@ func TestTemplateBuildBody(t *testing.T) {
 	other := NewClient("n1", srv.URL, NewSigner([]byte(strings.Repeat("z", 32)), nil), nil)
 	if _, err := other.BuildTemplate(context.Background(), TemplateBuildSpec{Kind: "source"}, "", nil); !errors.Is(err, core.ErrUnavailable) || pb.builds.Load() != 1 {
 		t.Fatalf("foreign token: %v, builds %d", err, pb.builds.Load())
+	}
+}
+
+// A build goes to the freest ready node that has its FROM template (the
+// project's before the public one), and to any ready node when none has
+// it; with none ready it is unavailable.
+func TestBuildNode(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner([]byte(strings.Repeat("s", 32)), nil),
+		Link: LinkOptions{Plaintext: true}, Timeout: time.Minute, NodeCacheTTL: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.BuildNode(ctx); !errors.Is(err, core.ErrUnavailable) {
+		t.Fatalf("no node: %v", err)
+	}
+	put := func(name string, used int64, templates ...string) {
+		if _, err := st.PutNode(ctx, core.NodeRecord{Name: name, Kind: core.NodeKindNode, RPCURL: "http://127.0.0.1:1",
+			MemoryBytes: 1 << 30, UsedMemoryBytes: used, CPUMillis: 1000, Templates: templates, HeartbeatAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("n1", 0, "minimal")
+	put("n2", 1<<29, "minimal", "base")
+	put("n3", 3<<28, "minimal", "~p1~base")
+	for _, tc := range []struct {
+		base []string
+		want string
+	}{
+		{nil, "n1"},                          // the freest
+		{[]string{"~p1~base", "base"}, "n3"}, // the project's base first
+		{[]string{"~p2~base", "base"}, "n2"}, // else the public one
+		{[]string{"~p1~none", "none"}, "n1"}, // nowhere: any node
+	} {
+		c, err := r.BuildNode(ctx, tc.base...)
+		if err != nil || c.Name != tc.want {
+			t.Errorf("BuildNode(%v): %v %v, want %s", tc.base, c, err, tc.want)
+		}
 	}
 }

@@ -165,7 +165,13 @@ func (t *remoteTemplates) ExtractContext(ctx context.Context, r io.Reader, dir s
 
 // BuildFromFile implements api.TemplateAdmin.
 func (t *remoteTemplates) BuildFromFile(ctx context.Context, req api.BuildfileRequest, progress core.Progress) (any, error) {
-	c, err := t.r.BuildNode(ctx)
+	// On a node that has the FROM template (the project's, else the
+	// public one): one built a moment ago may not have reached every node.
+	var base []string
+	if bf, err := template.ParseBuildfile(req.File); err == nil {
+		base = []string{core.TemplateRef(req.ProjectID, bf.From), bf.From}
+	}
+	c, err := t.r.BuildNode(ctx, base...)
 	if err != nil {
 		return nil, err
 	}
