@@ -148,14 +148,8 @@ func (h *Handler) byID(fn func(context.Context, string) error) func(context.Cont
 
 func (h *Handler) route(path string, fn func(ctx context.Context, body []byte) (any, error)) {
 	h.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", "POST")
-			httpx.WriteError(w, httpx.Errorf(http.StatusMethodNotAllowed, "method_not_allowed", "use POST"))
-			return
-		}
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), authScheme)
+		tok, ok := postToken(w, r)
 		if !ok {
-			httpx.WriteError(w, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "a node token is required"))
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRPCBody))
@@ -187,6 +181,21 @@ func (h *Handler) route(path string, fn func(ctx context.Context, body []byte) (
 		}
 		httpx.WriteJSON(w, http.StatusOK, out)
 	})
+}
+
+// postToken checks that r is a POST with a node token and returns the
+// token; otherwise it answers and reports false.
+func postToken(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		httpx.WriteError(w, httpx.Errorf(http.StatusMethodNotAllowed, "method_not_allowed", "use POST"))
+		return "", false
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), authScheme)
+	if !ok {
+		httpx.WriteError(w, httpx.Errorf(http.StatusUnauthorized, "unauthorized", "a node token is required"))
+	}
+	return tok, ok
 }
 
 // writeErr writes the error envelope with the full message: the caller is

@@ -60,6 +60,10 @@ type NodeRecord struct {
 	// drained node that restarts stays drained until undrained.
 	Drained   bool       `json:"drained,omitempty"`
 	DrainedAt *time.Time `json:"drained_at,omitempty"`
+
+	// TemplateLayers are the templates built over the API that the node
+	// can hand to other nodes (TemplateLayer).
+	TemplateLayers []TemplateLayer `json:"template_layers,omitempty"`
 }
 
 // NodeStore is the node registry, implemented by stores that a cluster

@@ -312,6 +312,9 @@ type TemplateInfo struct {
 	// processes come back or the start command is run again at create.
 	WarmSnapshot  string `json:"warm_snapshot,omitempty"`
 	WarmProcesses string `json:"warm_processes,omitempty"`
+	// Nodes: with remote nodes, the ready nodes that have the template
+	// (sandboxes of it are placed only there).
+	Nodes []string `json:"nodes,omitempty"`
 }
 
 // TemplateBuildRequest asks the server to build a template. Over the API only

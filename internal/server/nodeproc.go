@@ -65,6 +65,7 @@ type NodeProcess struct {
 	node       *node.Node
 	tm         *template.Manager
 	templates  *Templates
+	builds     *nodeBuilds // template builds over the API and their copies (nodebuild.go)
 	svc        *core.Service
 	engine     *core.Engine
 	rt         *trackedRuntime
@@ -351,7 +352,11 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if p.tm, err = template.NewManager(cfg.TemplateDir, template.Options{UIDBase: cfg.UIDBase, UIDCount: 65536, Logf: cfg.Logf}); err != nil {
 		return nil, err
 	}
-	p.templates = &Templates{m: p.tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: p.store}
+	p.templates = &Templates{m: p.tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: p.store,
+		logDir: filepath.Join(cfg.DataDir, "template-builds"), runner: buildStepRunner(cfg, drv)}
+	if p.builds, err = newNodeBuilds(p); err != nil {
+		return nil, err
+	}
 	sharedSnaps, err := openSnapshotStore(ctx, cfg.SnapshotStore, cfg.Logf)
 	if err != nil {
 		return nil, err
@@ -402,6 +407,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 			keep = append(keep, sn.Manifest)
 		}
 	}
+	keep = append(keep, p.builds.manifests()...) // the template layers it advertises
 	if res, err := p.node.CollectSnapshots(ctx, keep); err != nil {
 		return nil, fmt.Errorf("snapshot gc: %w", err)
 	} else {
@@ -413,7 +419,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			collectSharedSnapshots(runCtx, p.store, p.node.Snapshots().GCShared, cfg.Logf)
+			collectSharedSnapshots(runCtx, p.store, p.builds.collectShared, cfg.Logf)
 		}()
 	}
 	sessions, err := auth.NewSessions(ctx, p.store, time.Now)
@@ -439,7 +445,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 		p.rpcURL = scheme + "://" + p.rpcLn.Addr().String()
 	}
 	verifier := cluster.NewVerifier(nc.Secret, cfg.NodeName, time.Now)
-	p.rpc = &http.Server{Handler: cluster.NewHandler(p.rt, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
+	p.rpc = &http.Server{Handler: cluster.TemplateRoutes(cluster.NewHandler(p.rt, verifier, cfg.Logf), p.builds, verifier, cfg.Logf), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 16 << 10}
 	// Automatic resume on a data-plane call: this node thaws its own
 	// paused sandboxes, and wakes a hibernated one through the scheduler
@@ -490,8 +496,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if err := p.heartbeat(ctx); err != nil {
 		return nil, fmt.Errorf("first heartbeat: %w", err)
 	}
-	p.wg.Add(2)
+	p.wg.Add(3)
 	go func() { defer p.wg.Done(); p.templates.ensure(runCtx, cfg.Builtins, p.node) }()
+	go func() { defer p.wg.Done(); p.builds.run(runCtx, nc.Heartbeat) }()
 	go func() { defer p.wg.Done(); p.run(runCtx) }()
 	if cfg.AddrFile != "" {
 		doc := fmt.Sprintf(`{"rpc":%q,"data":%q}`+"\n", p.rpcURL, p.dataURL)
@@ -514,14 +521,16 @@ func (p *NodeProcess) heartbeat(ctx context.Context) error {
 	var names []string
 	if list, err := p.tm.List(); err == nil {
 		for _, t := range list {
-			names = append(names, t.Name)
+			if !p.builds.isStale(t.Name) {
+				names = append(names, t.Name)
+			}
 		}
 	}
 	ids, cpu, mem, gen := p.rt.usage()
 	prev, err := p.ns.PutNode(ctx, core.NodeRecord{Name: p.cfg.NodeName, Kind: core.NodeKindNode,
 		RPCURL: p.rpcURL, DataURL: p.dataURL, Driver: p.driverName,
 		CPUMillis: p.nc.CPUMillis, MemoryBytes: p.nc.MemoryBytes, MaxSandboxes: p.nc.MaxSandboxes,
-		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Generation: gen, Templates: names,
+		UsedCPUMillis: cpu, UsedMemoryBytes: mem, Sandboxes: len(ids), Generation: gen, Templates: names, TemplateLayers: p.builds.adverts(),
 		SnapshotStore: p.snapStore, Egress: p.net != nil, EgressRanges: p.ranges, StartedAt: p.started, HeartbeatAt: time.Now().UTC()})
 	if err != nil {
 		return err

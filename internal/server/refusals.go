@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/space-sandbox/space/internal/api"
+	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
 )
@@ -19,18 +20,27 @@ import (
 // credential store.
 var errRemoteCredentials = fmt.Errorf("egress credentials are not available on this server: start the replicas with --credential-keys (the operator keys of the credential store they share): %w", core.ErrUnavailable)
 
-// remoteRefusals wraps the control API: template writes (builds, uploads,
-// aliases, deletes, collection) answer 503 at once instead of an
-// operation that fails later.
-func remoteRefusals(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead &&
-			(r.URL.Path == "/v1/templates" || strings.HasPrefix(r.URL.Path, "/v1/templates/")) {
-			httpx.WriteError(w, httpx.Errorf(http.StatusServiceUnavailable, "unavailable",
-				"template builds are not available with remote nodes yet: build templates on the nodes (space node --builtins, or space template build --data-dir on the node's host)"))
+// remoteRefusals wraps the control API: template aliases, deletes and
+// collection answer 503 at once instead of an operation that fails later,
+// and so do builds while no node is ready to run them.
+func remoteRefusals(next http.Handler, r *cluster.Remote) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		p := req.URL.Path
+		if req.Method == http.MethodGet || req.Method == http.MethodHead || p != "/v1/templates" && !strings.HasPrefix(p, "/v1/templates/") {
+			next.ServeHTTP(w, req)
 			return
 		}
-		next.ServeHTTP(w, r)
+		if req.Method == http.MethodPost && (p == "/v1/templates" || p == "/v1/templates/build" || p == "/v1/templates/upload") {
+			if _, err := r.BuildNode(req.Context()); err != nil {
+				httpx.WriteError(w, httpx.Errorf(http.StatusServiceUnavailable, "unavailable",
+					"template builds run on the nodes and no node is ready to run one: %v", err))
+				return
+			}
+			next.ServeHTTP(w, req)
+			return
+		}
+		httpx.WriteError(w, httpx.Errorf(http.StatusServiceUnavailable, "unavailable",
+			"template aliases, deletes and collection are not available with remote nodes yet (builds are)"))
 	})
 }
 

@@ -157,7 +157,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 	if fleetCreds != nil {
 		apiOpts.Credentials = fleetCreds
 	}
-	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(remoteRefusals(api.New(apiOpts))), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
+	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(remoteRefusals(api.New(apiOpts), remote)), nodeDataURLs(remote))), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	if err := s.startMetrics(runCtx, obs, "", "", keys); err != nil {
 		return nil, err
 	}
@@ -224,46 +224,6 @@ func leader(ctx context.Context, r *cluster.Remote, name string, timeout time.Du
 	}
 	sort.Strings(alive)
 	return len(alive) > 0 && alive[0] == name
-}
-
-// remoteTemplates answers template reads from the node registry: a
-// template exists when some ready node has it. Templates are built on the
-// nodes (`space node --builtins`, or the admin CLI on a node's host).
-type remoteTemplates struct{ r *cluster.Remote }
-
-func (t *remoteTemplates) ListTemplates(ctx context.Context) ([]core.TemplateInfo, error) {
-	nodes, err := t.r.Nodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	out := []core.TemplateInfo{}
-	for _, n := range nodes {
-		if n.Kind != core.NodeKindNode || n.State != core.NodeReady {
-			continue
-		}
-		for _, ref := range n.Templates {
-			if !seen[ref] {
-				seen[ref] = true
-				project, name := core.SplitTemplateRef(ref)
-				out = append(out, core.TemplateInfo{Name: name, Public: project == "", Project: project, Source: "node " + n.Name})
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
-}
-
-func (t *remoteTemplates) GetTemplate(ctx context.Context, ref string) (core.TemplateInfo, error) {
-	if err := t.r.HasTemplate(ctx, ref); err != nil {
-		return core.TemplateInfo{}, err
-	}
-	project, name := core.SplitTemplateRef(ref)
-	return core.TemplateInfo{Name: name, Public: project == "", Project: project}, nil
-}
-
-func (t *remoteTemplates) BuildTemplate(ctx context.Context, req core.TemplateBuildRequest, progress core.Progress) (core.TemplateInfo, error) {
-	return core.TemplateInfo{}, fmt.Errorf("this server runs sandboxes on remote nodes; build templates on the nodes (space node --builtins, space template build --data-dir): %w", core.ErrUnavailable)
 }
 
 // remoteEgress reports whether some ready node runs the egress gateway,

@@ -5,7 +5,6 @@ package server
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -519,10 +518,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.tm = tm
 	s.templates = &Templates{m: tm, logf: cfg.Logf, building: map[string]bool{}, failed: map[string]string{}, store: s.store,
 		started: map[string]string{}, logDir: filepath.Join(cfg.DataDir, "template-builds"), readyTimeout: cfg.TemplateReadyTimeout,
-		runner: &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
-			CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids,
-			// A build step's layer may grow to the largest disk a sandbox may have.
-			DiskBytes: cmp.Or(cfg.MaxLimits.DiskBytes, cfg.DefaultLimits.DiskBytes)}}}
+		runner: buildStepRunner(cfg, drv)}
 	sharedSnaps, err := openSnapshotStore(ctx, cfg.SnapshotStore, cfg.Logf)
 	if err != nil {
 		return nil, err

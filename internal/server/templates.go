@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -660,4 +661,13 @@ func follow(ctx context.Context, ag *agentclient.Client, id string, out io.Write
 		}
 	}
 	return agent.Exit{}, errors.New("lost contact with the build sandbox's agent")
+}
+
+// buildStepRunner runs build-file RUN steps on drv with the default
+// limits (a server's or a node's).
+func buildStepRunner(cfg Config, drv driver.Driver) *stepRunner {
+	return &stepRunner{drv: drv, timeout: time.Hour, limits: driver.Limits{MemoryBytes: cfg.DefaultLimits.MemoryBytes,
+		CPUMillis: cfg.DefaultLimits.CPUMillis, Pids: cfg.DefaultLimits.Pids,
+		// A build step's layer may grow to the largest disk a sandbox may have.
+		DiskBytes: cmp.Or(cfg.MaxLimits.DiskBytes, cfg.DefaultLimits.DiskBytes)}}
 }

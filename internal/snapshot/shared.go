@@ -99,13 +99,13 @@ func (s *Store) publish(ctx context.Context, key string, data []byte) error {
 // fetch gets an object from the shared store, checks it against its
 // digest, and keeps it at local (a cache: the shared store is trusted
 // less than this disk, so nothing unchecked is kept).
-func (s *Store) fetch(ctx context.Context, key, digest, local string, max int64) ([]byte, error) {
-	data, err := s.shared.b.Get(ctx, key, max)
+func (s *Store) fetch(ctx context.Context, b Backend, key, digest, local string, max int64) ([]byte, error) {
+	data, err := b.Get(ctx, key, max)
 	if err != nil {
-		return nil, fmt.Errorf("shared store: %w", err)
+		return nil, fmt.Errorf("%s: %w", b, err)
 	}
 	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != digest {
-		return nil, fmt.Errorf("%w: %s from the shared store does not match its digest", ErrCorrupt, key)
+		return nil, fmt.Errorf("%w: %s from %s does not match its digest", ErrCorrupt, key, b)
 	}
 	if err := s.writeAtomic(local, data); err != nil {
 		return nil, err
@@ -116,8 +116,8 @@ func (s *Store) fetch(ctx context.Context, key, digest, local string, max int64)
 }
 
 // prefetch makes every chunk of st and img local, fetching the missing
-// ones from the shared store (a few at a time).
-func (s *Store) prefetch(ctx context.Context, st State, img *ProcessImage) error {
+// ones from b (a few at a time).
+func (s *Store) prefetch(ctx context.Context, b Backend, st State, img *ProcessImage) error {
 	need := map[string]bool{}
 	add := func(chunks []string) {
 		for _, c := range chunks {
@@ -151,7 +151,7 @@ func (s *Store) prefetch(ctx context.Context, st State, img *ProcessImage) error
 		go func() {
 			defer wg.Done()
 			for d := range work {
-				if _, err := s.fetch(ctx, chunkKey(d), d, s.chunkPath(d), ChunkSize); err != nil {
+				if _, err := s.fetch(ctx, b, chunkKey(d), d, s.chunkPath(d), ChunkSize); err != nil {
 					errc <- fmt.Errorf("snapshot: chunk %s: %w", d, err)
 					cancel()
 					return
@@ -208,7 +208,7 @@ func (s *Store) GCShared(ctx context.Context, keep []string, minAge time.Duratio
 	refs := map[string]bool{}
 	found := 0
 	for _, d := range keep {
-		m, err := s.loadManifest(ctx, d, true)
+		m, err := s.loadManifest(ctx, d, b)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -278,4 +278,24 @@ func (s *Store) GCShared(ctx context.Context, keep []string, minAge time.Duratio
 		res.BytesRemoved += o.Size
 	}
 	return res, nil
+}
+
+// ReadLocal returns an object of the local directory by its backend key
+// ("manifests/<digest>" or "chunks/<xx>/<digest>"), so that a node can
+// serve what it holds to a peer (which checks it against its digest).
+func (s *Store) ReadLocal(key string, max int64) ([]byte, error) {
+	var p string
+	if d, ok := strings.CutPrefix(key, "manifests/"); ok && ValidDigest(d) {
+		p = s.manifestPath(d)
+	} else if rest, ok := strings.CutPrefix(key, "chunks/"); ok && len(rest) > 3 && ValidDigest(rest[3:]) && key == chunkKey(rest[3:]) {
+		p = s.chunkPath(rest[3:])
+	} else {
+		return nil, fmt.Errorf("snapshot: object key %.100q: %w", key, fs.ErrNotExist)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	defer f.Close()
+	return readBounded(f, key, max)
 }

@@ -174,18 +174,18 @@ func (s *Store) putManifest(ctx context.Context, m *Manifest) (string, int64, er
 
 // LoadManifest reads and validates a manifest of the local directory.
 func (s *Store) LoadManifest(digest string) (*Manifest, error) {
-	return s.loadManifest(context.Background(), digest, false)
+	return s.loadManifest(context.Background(), digest, nil)
 }
 
-// loadManifest is LoadManifest that, with fetch and a shared store, gets
-// a manifest missing here from the shared store (and keeps it here).
-func (s *Store) loadManifest(ctx context.Context, digest string, fetch bool) (*Manifest, error) {
+// loadManifest is LoadManifest that, with a backend to fetch from, gets a
+// manifest missing here from it (and keeps it here).
+func (s *Store) loadManifest(ctx context.Context, digest string, from Backend) (*Manifest, error) {
 	if !ValidDigest(digest) {
 		return nil, fmt.Errorf("%w: bad manifest digest %.80q", ErrCorrupt, digest)
 	}
 	raw, err := os.ReadFile(s.manifestPath(digest))
-	if err != nil && fetch && s.shared != nil && errors.Is(err, fs.ErrNotExist) {
-		raw, err = s.fetch(ctx, manifestKey(digest), digest, s.manifestPath(digest), maxManifestBytes)
+	if err != nil && from != nil && errors.Is(err, fs.ErrNotExist) {
+		raw, err = s.fetch(ctx, from, manifestKey(digest), digest, s.manifestPath(digest), maxManifestBytes)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: manifest %s: %w", digest, err)
@@ -212,7 +212,7 @@ func (s *Store) loadManifest(ctx context.Context, digest string, fetch bool) (*M
 // LoadState merges a chain of manifests (oldest first) into the state of
 // the writable layer at the last one.
 func (s *Store) LoadState(ctx context.Context, chain []string) (State, error) {
-	st, _, err := s.loadChain(ctx, chain)
+	st, _, err := s.loadChain(ctx, chain, s.Shared())
 	return st, err
 }
 
@@ -222,9 +222,9 @@ func (s *Store) LoadState(ctx context.Context, chain []string) (State, error) {
 // (fetched and checked against its digest), for Materialize and
 // MaterializeImage.
 func (s *Store) LoadChain(ctx context.Context, chain []string) (State, *ProcessImage, error) {
-	st, img, err := s.loadChain(ctx, chain)
+	st, img, err := s.loadChain(ctx, chain, s.Shared())
 	if err == nil && s.shared != nil {
-		err = s.prefetch(ctx, st, img)
+		err = s.prefetch(ctx, s.shared.b, st, img)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -232,14 +232,28 @@ func (s *Store) LoadChain(ctx context.Context, chain []string) (State, *ProcessI
 	return st, img, nil
 }
 
-func (s *Store) loadChain(ctx context.Context, chain []string) (State, *ProcessImage, error) {
+// LoadStateFrom is LoadState with every manifest and chunk it needs made
+// local, fetched from b (another node's store, say) when missing here and
+// checked against its digest before it is kept.
+func (s *Store) LoadStateFrom(ctx context.Context, b Backend, chain []string) (State, error) {
+	st, img, err := s.loadChain(ctx, chain, b)
+	if err == nil {
+		err = s.prefetch(ctx, b, st, img)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (s *Store) loadChain(ctx context.Context, chain []string, from Backend) (State, *ProcessImage, error) {
 	st := State{}
 	var img *ProcessImage
 	for _, d := range chain {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
-		m, err := s.loadManifest(ctx, d, true)
+		m, err := s.loadManifest(ctx, d, from)
 		if err != nil {
 			return nil, nil, err
 		}
