@@ -49,6 +49,7 @@ func runBench(args []string) error {
 	fs.IntVar(&fc.Cycles, "fleet-cycles", fc.Cycles, "with --fleet: cycles per client at each level (at least 24)")
 	fs.Int64Var(&fc.MemoryBytes, "fleet-memory", fc.MemoryBytes, "with --fleet: each sandbox's memory limit in bytes")
 	fs.BoolVar(&fc.SkipSingle, "fleet-no-single", false, "with --fleet: skip the single-server baseline")
+	fs.StringVar(&fc.ProfileDir, "fleet-profile", "", "with --fleet: write a CPU profile of each server and node process into this directory (<name>.pprof)")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	verbose := fs.Bool("v", false, "print the server's log to stderr")

@@ -43,6 +43,9 @@ type FleetConfig struct {
 	TemplateDir string
 	// SkipSingle leaves out the single-server baseline.
 	SkipSingle bool
+	// ProfileDir, when set, receives a CPU profile of each server and
+	// node process (<name>.pprof, written when it stops).
+	ProfileDir string
 	Progress   func(format string, a ...any)
 }
 
@@ -95,6 +98,15 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 	if cfg.Bin == "" {
 		var err error
 		if cfg.Bin, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ProfileDir != "" {
+		var err error
+		if cfg.ProfileDir, err = filepath.Abs(cfg.ProfileDir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -207,7 +219,7 @@ func startSingle(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, er
 	}
 	p := &fleetProc{name: "single", role: "node"}
 	st.procs = append(st.procs, p)
-	if err := p.start(ctx, cfg.Bin, dir, "server", "--data-dir", data, "--run-dir", runDir, "--driver", "namespace",
+	if err := p.start(ctx, cfg, dir, "server", "--data-dir", data, "--run-dir", runDir, "--driver", "namespace",
 		"--template-dir", filepath.Join(cfg.TemplateDir, "single"), "--builtins", WarmTemplate,
 		"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"); err != nil {
 		return nil, err
@@ -259,7 +271,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		st.cleanup = append(st.cleanup, func() { os.RemoveAll(runDir) })
 		p := &fleetProc{name: name, role: "node"}
 		nodes = append(nodes, p)
-		if err := p.start(ctx, cfg.Bin, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
+		if err := p.start(ctx, cfg, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
 			"--data-dir", filepath.Join(dir, name), "--run-dir", runDir,
 			"--template-dir", filepath.Join(cfg.TemplateDir, name), "--uid-base", fmt.Sprint(2000000+i*262144),
 			"--builtins", WarmTemplate, "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir,
@@ -289,7 +301,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		if err != nil {
 			return nil, err
 		}
-		if err := p.start(ctx, cfg.Bin, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
+		if err := p.start(ctx, cfg, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
 			"--data-dir", filepath.Join(dir, name), "--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir); err != nil {
 			return nil, err
 		}
@@ -447,7 +459,7 @@ func ppid(pid int) int {
 }
 
 // start runs `space args…` with an addr file and waits until it serves.
-func (p *fleetProc) start(ctx context.Context, bin, dir string, args ...string) error {
+func (p *fleetProc) start(ctx context.Context, cfg FleetConfig, dir string, args ...string) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
 	}
@@ -457,8 +469,11 @@ func (p *fleetProc) start(ctx context.Context, bin, dir string, args ...string) 
 	if err != nil {
 		return err
 	}
-	p.cmd = exec.Command(bin, append(args, "--addr-file", addrFile)...)
+	p.cmd = exec.Command(cfg.Bin, append(args, "--addr-file", addrFile)...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if cfg.ProfileDir != "" {
+		p.cmd.Env = append(os.Environ(), "SPACE_CPU_PROFILE="+filepath.Join(cfg.ProfileDir, p.name+".pprof"))
+	}
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
 		return err
