@@ -238,13 +238,19 @@ func (e *Engine) run(requestID string, op Operation, fn OpFunc) {
 
 func (e *Engine) save(op Operation) { e.saveCtx(e.ctx, op) }
 
+// saveCtx stores op and its operation.updated event (one round trip on
+// a store that can) and wakes the project's subscribers.
 func (e *Engine) saveCtx(ctx context.Context, op Operation) {
 	op.UpdatedAt = e.now().UTC()
-	if err := e.store.UpdateOperation(ctx, op); err != nil {
+	ev, err := e.broker.NewEvent(op.ProjectID, "operation.updated", sandboxTarget(op), op.ID, op)
+	if err == nil {
+		_, err = UpdateOperationEvent(ctx, e.store, op, ev)
+	}
+	if err != nil {
 		e.log.LogAttrs(ctx, slog.LevelWarn, "operation save failed", append(opAttrs(op), slog.String("error", err.Error()))...)
 		return
 	}
-	e.publishCtx(ctx, op)
+	e.broker.Wake(op.ProjectID)
 }
 
 func (e *Engine) publish(op Operation) { e.publishCtx(e.ctx, op) }

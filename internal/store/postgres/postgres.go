@@ -487,6 +487,34 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	return nil
 }
 
+// UpdateOperationEvent implements core.OperationEvents: the update and
+// the append in one statement (one round trip, one commit); nothing is
+// appended when op has no record.
+func (s *Store) UpdateOperationEvent(ctx context.Context, op core.Operation, e core.Event) (core.Event, error) {
+	opDoc, err := core.EncodeOperation(op)
+	if err != nil {
+		return e, fmt.Errorf("encode operation: %w", err)
+	}
+	evDoc, err := json.Marshal(e)
+	if err != nil {
+		return e, fmt.Errorf("encode event: %w", err)
+	}
+	var seq int64
+	err = s.pool.QueryRow(ctx, `WITH u AS (UPDATE operations SET state=$4, done_at=$5, doc=$6 WHERE id=$7 RETURNING id),
+		c AS (UPDATE event_seq SET seq = seq + 1 WHERE id = 1 AND EXISTS (SELECT 1 FROM u) RETURNING seq),
+		i AS (INSERT INTO events(seq, project_id, created_at, doc) SELECT seq, $1, $3, $2 FROM c RETURNING seq)
+		SELECT i.seq FROM i, LATERAL (SELECT pg_notify('`+EventChannel+`', $1)) n`,
+		e.ProjectID, string(evDoc), eventTime(e), string(op.State), opDone(op), string(opDoc), op.ID).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, fmt.Errorf("operation %s: %w", op.ID, core.ErrNotFound)
+	}
+	if err != nil {
+		return e, fmt.Errorf("update operation and append event: %w", err)
+	}
+	e.Seq = seq
+	return e, nil
+}
+
 // UnfinishedOperations lists pending and running operations (with
 // Options.Node, only those this node's server created).
 func (s *Store) UnfinishedOperations(ctx context.Context) ([]core.Operation, error) {

@@ -21,6 +21,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("IdempotencyFingerprint", func(t *testing.T) { testFingerprint(t, newStore(t)) })
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+	t.Run("OperationEvents", func(t *testing.T) { testOperationEvents(t, newStore(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, newStore(t)) })
 	t.Run("Credentials", func(t *testing.T) { testCredentials(t, newStore(t)) })
@@ -232,6 +233,38 @@ func testEvents(t *testing.T, s core.Store) {
 	evs, _ = s.EventsAfter(ctx, "p1", evs[0].Seq, 10)
 	if len(evs) != 2 {
 		t.Fatalf("events after first: %d", len(evs))
+	}
+}
+
+// testOperationEvents: an operation's step and its event are saved
+// together (one statement where the store implements
+// core.OperationEvents), and nothing is appended for a missing operation.
+func testOperationEvents(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	o := op("op-oe", "p1", "sbx-oe")
+	if _, _, err := s.CreateOperation(ctx, o, ""); err != nil {
+		t.Fatalf("create operation: %v", err)
+	}
+	before, _ := s.LatestEventSeq(ctx, "p1")
+	o.State, o.Progress, o.Message, o.UpdatedAt = core.OpSucceeded, 100, "done", t0.Add(time.Second)
+	ev, err := core.UpdateOperationEvent(ctx, s, o, core.Event{ProjectID: "p1", Type: "operation.updated", OperationID: o.ID, Data: []byte(`{"state":"succeeded"}`), CreatedAt: t0})
+	if err != nil || ev.Seq <= before {
+		t.Fatalf("update with event: seq %d after %d: %v", ev.Seq, before, err)
+	}
+	got, err := s.GetOperation(ctx, "p1", o.ID)
+	if err != nil || got.State != core.OpSucceeded || got.Message != "done" {
+		t.Fatalf("operation after the update: %+v %v", got, err)
+	}
+	evs, err := s.EventsAfter(ctx, "p1", before, 10)
+	if err != nil || len(evs) != 1 || evs[0].Seq != ev.Seq || evs[0].OperationID != o.ID || string(evs[0].Data) != `{"state":"succeeded"}` {
+		t.Fatalf("events after the update: %+v %v", evs, err)
+	}
+	missing := op("op-none", "p1", "sbx-oe")
+	if _, err := core.UpdateOperationEvent(ctx, s, missing, core.Event{ProjectID: "p1", Type: "operation.updated", Data: []byte(`{}`), CreatedAt: t0}); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("missing operation: %v, want not found", err)
+	}
+	if seq, _ := s.LatestEventSeq(ctx, "p1"); seq != ev.Seq {
+		t.Fatalf("a missing operation's update appended an event: latest %d, want %d", seq, ev.Seq)
 	}
 }
 
