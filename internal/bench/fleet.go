@@ -32,6 +32,10 @@ import (
 type FleetConfig struct {
 	Nodes, Replicas int
 	Clients         []int // concurrency levels, e.g. 1, 8, 16, 32
+	// Rounds runs every level this many times, the setups' order
+	// alternating, each fleet run compared with the single run beside it
+	// (at least 1).
+	Rounds int
 	// Cycles per client at each level (at least MinCycles per level).
 	Cycles, MinCycles int
 	// MemoryBytes is each sandbox's memory limit.
@@ -75,6 +79,19 @@ type FleetResult struct {
 	Memory   int64        `json:"sandbox_memory_bytes"`
 	Single   []FleetLevel `json:"single,omitempty"`
 	Fleet    []FleetLevel `json:"fleet"`
+	// Shares summarises, per client count, the fleet's cycles/s as % of
+	// the single server's run beside it over the rounds.
+	Shares []FleetShare `json:"shares,omitempty"`
+}
+
+// FleetShare is the fleet's rate as a share of the single server's at one
+// client count: the median, lowest and highest of the paired rounds.
+type FleetShare struct {
+	Clients int     `json:"clients"`
+	Rounds  int     `json:"rounds"`
+	Median  float64 `json:"median_pct"`
+	Min     float64 `json:"min_pct"`
+	Max     float64 `json:"max_pct"`
 }
 
 // fleetProc is one `space` process of a setup.
@@ -151,32 +168,62 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 			return res, fmt.Errorf("%s: warm-up: %w", st.name, err)
 		}
 	}
-	for _, n := range cfg.Clients {
-		cycles := max(cfg.Cycles*n, cfg.MinCycles)
-		for _, st := range setups {
-			cfg.Progress("%s: %d clients, %d cycles", st.name, n, cycles)
-			l, err := runLevel(ctx, cfg, st, n, cycles)
-			if err != nil {
-				return res, fmt.Errorf("%s: %w", st.name, err)
+	shares := map[int][]float64{}
+	for r := 0; r < max(cfg.Rounds, 1); r++ {
+		for _, n := range cfg.Clients {
+			cycles := max(cfg.Cycles*n, cfg.MinCycles)
+			order := setups
+			if r%2 == 1 && len(setups) == 2 {
+				// Every other round the fleet runs first: a machine
+				// whose load drifts favours neither setup.
+				order = []*setup{setups[1], setups[0]}
 			}
-			cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.1f ms/cycle",
-				st.name, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
-			if st.name == "single" {
-				l.PerNode = nil // one node
-				res.Single = append(res.Single, l)
-			} else {
-				res.Fleet = append(res.Fleet, l)
+			var single, fleet *FleetLevel
+			for _, st := range order {
+				cfg.Progress("%s: %d clients, %d cycles", st.name, n, cycles)
+				l, err := runLevel(ctx, cfg, st, n, cycles)
+				if err != nil {
+					return res, fmt.Errorf("%s: %w", st.name, err)
+				}
+				cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.1f ms/cycle",
+					st.name, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
+				if st.name == "single" {
+					l.PerNode = nil // one node
+					res.Single = append(res.Single, l)
+					single = &res.Single[len(res.Single)-1]
+				} else {
+					res.Fleet = append(res.Fleet, l)
+					fleet = &res.Fleet[len(res.Fleet)-1]
+				}
+			}
+			if single != nil && fleet != nil && single.CyclesPerSec > 0 {
+				fleet.ShareOfSingleP = round1(100 * fleet.CyclesPerSec / single.CyclesPerSec)
+				shares[n] = append(shares[n], fleet.ShareOfSingleP)
 			}
 		}
 	}
-	for i := range res.Fleet {
-		for _, s := range res.Single {
-			if s.Clients == res.Fleet[i].Clients && s.CyclesPerSec > 0 {
-				res.Fleet[i].ShareOfSingleP = round1(100 * res.Fleet[i].CyclesPerSec / s.CyclesPerSec)
-			}
-		}
-	}
+	res.Shares = summarizeShares(cfg.Clients, shares)
 	return res, nil
+}
+
+// summarizeShares is the median, lowest and highest share per client
+// count, in the order of clients (each count once).
+func summarizeShares(clients []int, shares map[int][]float64) []FleetShare {
+	var out []FleetShare
+	for _, n := range clients {
+		v := shares[n]
+		if len(v) == 0 {
+			continue
+		}
+		delete(shares, n)
+		sort.Float64s(v)
+		med := v[len(v)/2]
+		if len(v)%2 == 0 {
+			med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		out = append(out, FleetShare{Clients: n, Rounds: len(v), Median: round1(med), Min: v[0], Max: v[len(v)-1]})
+	}
+	return out
 }
 
 // setup is one system under test: its processes and API clients.
@@ -673,6 +720,12 @@ func WriteFleet(w io.Writer, r *FleetResult) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Shares) > 0 {
+		fmt.Fprintln(w, "\nfleet cycles/s as % of the single server's, paired runs:")
+		for _, s := range r.Shares {
+			fmt.Fprintf(w, "  %d clients: median %.0f %% over %d rounds (%.0f–%.0f %%)\n", s.Clients, s.Median, s.Rounds, s.Min, s.Max)
+		}
 	}
 	for _, l := range append(append([]FleetLevel{}, r.Single...), r.Fleet...) {
 		if l.FirstError != "" {
