@@ -17,6 +17,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("Meta", func(t *testing.T) { testMeta(t, newStore(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, newStore(t)) })
 	t.Run("SandboxOps", func(t *testing.T) { testSandboxOps(t, newStore(t)) })
+	t.Run("UpdateSandboxSerializes", func(t *testing.T) { testUpdateSandboxSerializes(t, newStore(t)) })
 	t.Run("Idempotency", func(t *testing.T) { testIdempotency(t, newStore(t)) })
 	t.Run("IdempotencyFingerprint", func(t *testing.T) { testFingerprint(t, newStore(t)) })
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
@@ -135,6 +136,56 @@ func testSandboxOps(t *testing.T, s core.Store) {
 	}
 	if un, _ := s.UnfinishedOperations(ctx); len(un) != 0 {
 		t.Fatalf("finished op still unfinished: %v", un)
+	}
+}
+
+// testUpdateSandboxSerializes: concurrent read-modify-writes of one
+// sandbox lose nothing (each holds the row while its fn runs), and a
+// missing sandbox or a failing fn leaves the store usable.
+func testUpdateSandboxSerializes(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	if _, _, err := s.CreateSandboxOp(ctx, sandbox("sbx-n", "p1"), op("op-n", "p1", "sbx-n"), ""); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 6, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*each)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				_, err := s.UpdateSandbox(ctx, "sbx-n", func(sb *core.Sandbox) error {
+					n := 0
+					fmt.Sscan(sb.Metadata["n"], &n)
+					time.Sleep(time.Millisecond) // widen the window a lost update needs
+					sb.Metadata = map[string]string{"n": fmt.Sprint(n + 1)}
+					return nil
+				})
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("update: %v", err)
+		}
+	}
+	if got, _ := s.GetSandbox(ctx, "", "sbx-n"); got.Metadata["n"] != fmt.Sprint(workers*each) {
+		t.Fatalf("after %d concurrent increments: n=%q", workers*each, got.Metadata["n"])
+	}
+	for i := 0; i < 3; i++ { // more than once: the connection must come back clean
+		if _, err := s.UpdateSandbox(ctx, "sbx-none", func(*core.Sandbox) error { return nil }); !errors.Is(err, core.ErrNotFound) {
+			t.Fatalf("missing sandbox: %v", err)
+		}
+		if _, err := s.UpdateSandbox(ctx, "sbx-n", func(*core.Sandbox) error { return core.ErrConflict }); !errors.Is(err, core.ErrConflict) {
+			t.Fatalf("failing fn: %v", err)
+		}
+	}
+	if got, err := s.UpdateSandbox(ctx, "sbx-n", func(sb *core.Sandbox) error { sb.State = core.SandboxRunning; return nil }); err != nil || got.State != core.SandboxRunning {
+		t.Fatalf("update after failures: %+v %v", got, err)
 	}
 }
 
