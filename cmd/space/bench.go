@@ -47,8 +47,11 @@ func runBench(args []string) error {
 	fs.IntVar(&fc.Replicas, "fleet-replicas", fc.Replicas, "with --fleet: space server --remote-nodes replicas")
 	fleetClients := fs.String("fleet-clients", "1,8,16,32", "with --fleet: comma-separated client counts")
 	fs.IntVar(&fc.Cycles, "fleet-cycles", fc.Cycles, "with --fleet: cycles per client at each level (at least 24)")
+	fs.StringVar(&fc.Bin, "fleet-bin", "", "with --fleet: the space binary the servers and nodes run (default: this one; another build, to compare builds under the same benchmark)")
+	fs.IntVar(&fc.Rounds, "fleet-rounds", 1, "with --fleet: run every level this many times, single and fleet in alternating order, and report the median of the paired shares")
 	fs.Int64Var(&fc.MemoryBytes, "fleet-memory", fc.MemoryBytes, "with --fleet: each sandbox's memory limit in bytes")
 	fs.BoolVar(&fc.SkipSingle, "fleet-no-single", false, "with --fleet: skip the single-server baseline")
+	fs.StringVar(&fc.ProfileDir, "fleet-profile", "", "with --fleet: write a CPU profile of each server and node process into this directory (<name>.pprof)")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	verbose := fs.Bool("v", false, "print the server's log to stderr")
@@ -101,8 +104,8 @@ func runBench(args []string) error {
 			}
 			fc.Clients = append(fc.Clients, n)
 		}
-		if fc.Nodes < 1 || fc.Nodes > 16 || fc.Replicas < 1 || fc.Replicas > 8 || fc.Cycles < 1 || fc.MemoryBytes < 16<<20 {
-			return errors.New("bench: --fleet-nodes 1..16, --fleet-replicas 1..8, --fleet-cycles ≥ 1, --fleet-memory ≥ 16 MiB")
+		if fc.Nodes < 1 || fc.Nodes > 16 || fc.Replicas < 1 || fc.Replicas > 8 || fc.Cycles < 1 || fc.MemoryBytes < 16<<20 || fc.Rounds < 1 || fc.Rounds > 20 {
+			return errors.New("bench: --fleet-nodes 1..16, --fleet-replicas 1..8, --fleet-cycles ≥ 1, --fleet-rounds 1..20, --fleet-memory ≥ 16 MiB")
 		}
 		fc.Progress = cfg.Progress
 		res, runErr := bench.RunFleet(ctx, fc)

@@ -82,7 +82,7 @@ var completionTable = map[string]completionVerb{
 	"keys":        {words: []string{"create", "list", "revoke", "help"}},
 	"certs":       {words: []string{"init", "issue"}},
 	"credentials": {words: []string{"rewrap"}},
-	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas"}},
+	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas", "--fleet-cycles", "--fleet-rounds", "--fleet-profile", "--fleet-bin"}},
 	"doctor":      {flags: []string{"--data-dir", "--runsc", "--json"}},
 	"version":     {client: true, flags: []string{"--server"}},
 	"agent":       {},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 )
 
 type command struct {
@@ -50,7 +51,10 @@ func main() {
 	}
 	for _, c := range commands() {
 		if c.name == os.Args[1] {
-			if err := c.run(os.Args[2:]); err != nil {
+			stop := cpuProfile(os.Getenv("SPACE_CPU_PROFILE"))
+			err := c.run(os.Args[2:])
+			stop()
+			if err != nil {
 				os.Exit(reportError(err))
 			}
 			return
@@ -73,4 +77,27 @@ func main() {
 	fmt.Fprintf(os.Stderr, "space: unknown command %q\n", os.Args[1])
 	usage(os.Stderr)
 	os.Exit(exitUsage)
+}
+
+// cpuProfile writes a CPU profile of the whole command to path until the
+// returned function runs (SPACE_CPU_PROFILE: `space bench --fleet
+// --fleet-profile` profiles its servers and nodes this way).
+func cpuProfile(path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "space: SPACE_CPU_PROFILE: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "space: SPACE_CPU_PROFILE: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }

@@ -32,6 +32,10 @@ import (
 type FleetConfig struct {
 	Nodes, Replicas int
 	Clients         []int // concurrency levels, e.g. 1, 8, 16, 32
+	// Rounds runs every level this many times, the setups' order
+	// alternating, each fleet run compared with the single run beside it
+	// (at least 1).
+	Rounds int
 	// Cycles per client at each level (at least MinCycles per level).
 	Cycles, MinCycles int
 	// MemoryBytes is each sandbox's memory limit.
@@ -43,6 +47,9 @@ type FleetConfig struct {
 	TemplateDir string
 	// SkipSingle leaves out the single-server baseline.
 	SkipSingle bool
+	// ProfileDir, when set, receives a CPU profile of each server and
+	// node process (<name>.pprof, written when it stops).
+	ProfileDir string
 	Progress   func(format string, a ...any)
 }
 
@@ -72,6 +79,19 @@ type FleetResult struct {
 	Memory   int64        `json:"sandbox_memory_bytes"`
 	Single   []FleetLevel `json:"single,omitempty"`
 	Fleet    []FleetLevel `json:"fleet"`
+	// Shares summarises, per client count, the fleet's cycles/s as % of
+	// the single server's run beside it over the rounds.
+	Shares []FleetShare `json:"shares,omitempty"`
+}
+
+// FleetShare is the fleet's rate as a share of the single server's at one
+// client count: the median, lowest and highest of the paired rounds.
+type FleetShare struct {
+	Clients int     `json:"clients"`
+	Rounds  int     `json:"rounds"`
+	Median  float64 `json:"median_pct"`
+	Min     float64 `json:"min_pct"`
+	Max     float64 `json:"max_pct"`
 }
 
 // fleetProc is one `space` process of a setup.
@@ -95,6 +115,15 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 	if cfg.Bin == "" {
 		var err error
 		if cfg.Bin, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ProfileDir != "" {
+		var err error
+		if cfg.ProfileDir, err = filepath.Abs(cfg.ProfileDir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -139,32 +168,62 @@ func RunFleet(ctx context.Context, cfg FleetConfig) (*FleetResult, error) {
 			return res, fmt.Errorf("%s: warm-up: %w", st.name, err)
 		}
 	}
-	for _, n := range cfg.Clients {
-		cycles := max(cfg.Cycles*n, cfg.MinCycles)
-		for _, st := range setups {
-			cfg.Progress("%s: %d clients, %d cycles", st.name, n, cycles)
-			l, err := runLevel(ctx, cfg, st, n, cycles)
-			if err != nil {
-				return res, fmt.Errorf("%s: %w", st.name, err)
+	shares := map[int][]float64{}
+	for r := 0; r < max(cfg.Rounds, 1); r++ {
+		for _, n := range cfg.Clients {
+			cycles := max(cfg.Cycles*n, cfg.MinCycles)
+			order := setups
+			if r%2 == 1 && len(setups) == 2 {
+				// Every other round the fleet runs first: a machine
+				// whose load drifts favours neither setup.
+				order = []*setup{setups[1], setups[0]}
 			}
-			cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.1f ms/cycle",
-				st.name, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
-			if st.name == "single" {
-				l.PerNode = nil // one node
-				res.Single = append(res.Single, l)
-			} else {
-				res.Fleet = append(res.Fleet, l)
+			var single, fleet *FleetLevel
+			for _, st := range order {
+				cfg.Progress("%s: %d clients, %d cycles", st.name, n, cycles)
+				l, err := runLevel(ctx, cfg, st, n, cycles)
+				if err != nil {
+					return res, fmt.Errorf("%s: %w", st.name, err)
+				}
+				cfg.Progress("%s: %d clients: %.1f cycles/s, first command p50 %.0f ms p99 %.0f ms, 429: %d, errors: %d, CPU %.1f ms/cycle",
+					st.name, n, l.CyclesPerSec, l.FirstCommand.P50, l.FirstCommand.P99, l.Refused429, l.Errors, l.CPUPerCycleMS)
+				if st.name == "single" {
+					l.PerNode = nil // one node
+					res.Single = append(res.Single, l)
+					single = &res.Single[len(res.Single)-1]
+				} else {
+					res.Fleet = append(res.Fleet, l)
+					fleet = &res.Fleet[len(res.Fleet)-1]
+				}
+			}
+			if single != nil && fleet != nil && single.CyclesPerSec > 0 {
+				fleet.ShareOfSingleP = round1(100 * fleet.CyclesPerSec / single.CyclesPerSec)
+				shares[n] = append(shares[n], fleet.ShareOfSingleP)
 			}
 		}
 	}
-	for i := range res.Fleet {
-		for _, s := range res.Single {
-			if s.Clients == res.Fleet[i].Clients && s.CyclesPerSec > 0 {
-				res.Fleet[i].ShareOfSingleP = round1(100 * res.Fleet[i].CyclesPerSec / s.CyclesPerSec)
-			}
-		}
-	}
+	res.Shares = summarizeShares(cfg.Clients, shares)
 	return res, nil
+}
+
+// summarizeShares is the median, lowest and highest share per client
+// count, in the order of clients (each count once).
+func summarizeShares(clients []int, shares map[int][]float64) []FleetShare {
+	var out []FleetShare
+	for _, n := range clients {
+		v := shares[n]
+		if len(v) == 0 {
+			continue
+		}
+		delete(shares, n)
+		sort.Float64s(v)
+		med := v[len(v)/2]
+		if len(v)%2 == 0 {
+			med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+		}
+		out = append(out, FleetShare{Clients: n, Rounds: len(v), Median: round1(med), Min: v[0], Max: v[len(v)-1]})
+	}
+	return out
 }
 
 // setup is one system under test: its processes and API clients.
@@ -207,7 +266,7 @@ func startSingle(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, er
 	}
 	p := &fleetProc{name: "single", role: "node"}
 	st.procs = append(st.procs, p)
-	if err := p.start(ctx, cfg.Bin, dir, "server", "--data-dir", data, "--run-dir", runDir, "--driver", "namespace",
+	if err := p.start(ctx, cfg, dir, "server", "--data-dir", data, "--run-dir", runDir, "--driver", "namespace",
 		"--template-dir", filepath.Join(cfg.TemplateDir, "single"), "--builtins", WarmTemplate,
 		"--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"); err != nil {
 		return nil, err
@@ -259,7 +318,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		st.cleanup = append(st.cleanup, func() { os.RemoveAll(runDir) })
 		p := &fleetProc{name: name, role: "node"}
 		nodes = append(nodes, p)
-		if err := p.start(ctx, cfg.Bin, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
+		if err := p.start(ctx, cfg, dir, "node", "--name", name, "--store", pg.dsn, "--driver", "namespace",
 			"--data-dir", filepath.Join(dir, name), "--run-dir", runDir,
 			"--template-dir", filepath.Join(cfg.TemplateDir, name), "--uid-base", fmt.Sprint(2000000+i*262144),
 			"--builtins", WarmTemplate, "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir,
@@ -289,7 +348,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, dir string) (_ *setup, err
 		if err != nil {
 			return nil, err
 		}
-		if err := p.start(ctx, cfg.Bin, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
+		if err := p.start(ctx, cfg, dir, "server", "--remote-nodes", "--node-name", name, "--store", pg.dsn,
 			"--data-dir", filepath.Join(dir, name), "--listen", "127.0.0.1:0", "--cluster-secret-file", secret, "--cluster-tls-dir", tlsDir); err != nil {
 			return nil, err
 		}
@@ -447,7 +506,7 @@ func ppid(pid int) int {
 }
 
 // start runs `space args…` with an addr file and waits until it serves.
-func (p *fleetProc) start(ctx context.Context, bin, dir string, args ...string) error {
+func (p *fleetProc) start(ctx context.Context, cfg FleetConfig, dir string, args ...string) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
 	}
@@ -457,8 +516,11 @@ func (p *fleetProc) start(ctx context.Context, bin, dir string, args ...string) 
 	if err != nil {
 		return err
 	}
-	p.cmd = exec.Command(bin, append(args, "--addr-file", addrFile)...)
+	p.cmd = exec.Command(cfg.Bin, append(args, "--addr-file", addrFile)...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if cfg.ProfileDir != "" {
+		p.cmd.Env = append(os.Environ(), "SPACE_CPU_PROFILE="+filepath.Join(cfg.ProfileDir, p.name+".pprof"))
+	}
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
 		return err
@@ -658,6 +720,12 @@ func WriteFleet(w io.Writer, r *FleetResult) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Shares) > 0 {
+		fmt.Fprintln(w, "\nfleet cycles/s as % of the single server's, paired runs:")
+		for _, s := range r.Shares {
+			fmt.Fprintf(w, "  %d clients: median %.0f %% over %d rounds (%.0f–%.0f %%)\n", s.Clients, s.Median, s.Rounds, s.Min, s.Max)
+		}
 	}
 	for _, l := range append(append([]FleetLevel{}, r.Single...), r.Fleet...) {
 		if l.FirstError != "" {

@@ -186,3 +186,19 @@ func TestServePorts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The fleet's share of the single server's rate per client count: the
+// median of the paired rounds (two rounds: their mean), in the order of
+// the levels, each count once.
+func TestSummarizeShares(t *testing.T) {
+	got := summarizeShares([]int{16, 32, 16}, map[int][]float64{16: {95, 80, 101}, 32: {88, 92}})
+	want := []FleetShare{{Clients: 16, Rounds: 3, Median: 95, Min: 80, Max: 101}, {Clients: 32, Rounds: 2, Median: 90, Min: 88, Max: 92}}
+	if len(got) != len(want) {
+		t.Fatalf("shares %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("share %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}

@@ -256,7 +256,7 @@ func (l LinkOptions) HTTPClient(name, rawURL string) (*http.Client, error) {
 		if l.TLS == nil {
 			return nil, fmt.Errorf("node %s serves TLS (%s) but this server has no node link certificate (--cluster-tls-dir): %w", name, rawURL, core.ErrUnavailable)
 		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr := linkTransport()
 		tr.TLSClientConfig = l.TLS.Config(name, u.Hostname())
 		return &http.Client{Timeout: timeout, Transport: tr}, nil
 	case "http":
@@ -267,12 +267,24 @@ func (l LinkOptions) HTTPClient(name, rawURL string) (*http.Client, error) {
 			return nil, fmt.Errorf("node %s: plaintext RPC URL %s is not on loopback (--cluster-plaintext allows loopback only): %w", name, rawURL, core.ErrUnavailable)
 		}
 		// No proxy: a loopback call must stay on this machine.
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr := linkTransport()
 		tr.Proxy = nil
 		return &http.Client{Timeout: timeout, Transport: tr}, nil
 	default:
 		return nil, fmt.Errorf("node %s: RPC URL %.200q: want https:// (or http:// on loopback): %w", name, rawURL, core.ErrUnavailable)
 	}
+}
+
+// linkTransport is the transport of one node link. A replica keeps as
+// many idle connections to a node as it has calls in flight: with the
+// default two, every burst of concurrent creates and deletes beyond two
+// closed its connections afterwards and paid a new TLS handshake on both
+// ends for each later call.
+func linkTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 0 // no limit across hosts; per host below
+	tr.MaxIdleConnsPerHost = 256
+	return tr
 }
 
 // LoopbackHost reports whether host (a name or an address, without a

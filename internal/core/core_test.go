@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,5 +135,55 @@ func TestEngineIdempotencyAndRecover(t *testing.T) {
 	defer mu.Unlock()
 	if runs != 1 {
 		t.Fatalf("work ran %d times", runs)
+	}
+}
+
+// countingStore counts the operation reads of a real store.
+type countingStore struct {
+	core.Store
+	gets atomic.Int64
+}
+
+func (c *countingStore) GetOperation(ctx context.Context, projectID, id string) (core.Operation, error) {
+	c.gets.Add(1)
+	return c.Store.GetOperation(ctx, projectID, id)
+}
+
+// A long-poll on an operation this engine runs gets its outcome from the
+// engine, as stored, without reading the store (on a fleet each read is
+// a PostgreSQL query); another project's wait still reads and is refused.
+func TestEngineWaitOwnOperationWithoutReads(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: st}
+	e := core.NewEngine(context.Background(), cs, core.NewBroker(cs, time.Now), time.Now, t.Logf)
+	t.Cleanup(func() { e.Shutdown(context.Background()); st.Close() })
+	ctx := context.Background()
+	release := make(chan struct{})
+	op, err := e.Submit(ctx, e.NewOperation("p", "sandbox.create", "sbx-1"), "", func(ctx context.Context, progress core.Progress) (any, error) {
+		progress(40, "half way")
+		<-release
+		return map[string]int{"answer": 42}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Wait(ctx, "other", op.ID, 10*time.Second); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("another project waits on the operation: %v", err)
+	}
+	before := cs.gets.Load()
+	go func() { time.Sleep(50 * time.Millisecond); close(release) }()
+	got, err := e.Wait(ctx, "p", op.ID, 10*time.Second)
+	if err != nil || got.State != core.OpSucceeded || got.Progress != 100 || string(got.Result) != `{"answer":42}` {
+		t.Fatalf("wait: %+v %v", got, err)
+	}
+	if n := cs.gets.Load() - before; n != 0 {
+		t.Fatalf("the wait read the store %d times", n)
+	}
+	stored, err := st.GetOperation(ctx, "p", op.ID)
+	if err != nil || !stored.UpdatedAt.Equal(got.UpdatedAt) || stored.State != got.State || string(stored.Result) != string(got.Result) || stored.Message != got.Message {
+		t.Fatalf("the wait's outcome %+v differs from the stored one %+v (%v)", got, stored, err)
 	}
 }

@@ -26,19 +26,48 @@ func NewBroker(store Store, now func() time.Time) *Broker {
 
 // Publish stores an event and wakes the project's subscribers.
 func (b *Broker) Publish(ctx context.Context, projectID, typ, sandboxID, opID string, data any) error {
-	raw, err := json.Marshal(data)
+	ev, err := b.NewEvent(projectID, typ, sandboxID, opID, data)
 	if err != nil {
-		return fmt.Errorf("encode event: %w", err)
+		return err
 	}
-	_, err = b.store.AppendEvent(ctx, Event{
-		ProjectID: projectID, Type: typ, SandboxID: sandboxID, OperationID: opID,
-		Data: raw, CreatedAt: b.now().UTC(),
-	})
-	if err != nil {
+	if _, err = b.store.AppendEvent(ctx, ev); err != nil {
 		return err
 	}
 	b.Wake(projectID)
 	return nil
+}
+
+// NewEvent is the event Publish would store, for a caller that stores it
+// itself (UpdateOperationEvent) and then calls Wake.
+func (b *Broker) NewEvent(projectID, typ, sandboxID, opID string, data any) (Event, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return Event{}, fmt.Errorf("encode event: %w", err)
+	}
+	return Event{ProjectID: projectID, Type: typ, SandboxID: sandboxID, OperationID: opID,
+		Data: raw, CreatedAt: b.now().UTC()}, nil
+}
+
+// OperationEvents is implemented by stores that save an operation and
+// append its event in one round trip (PostgreSQL: one statement). Every
+// step of every operation does both, and with a shared store each round
+// trip costs the replica and the database more than the work itself.
+type OperationEvents interface {
+	// UpdateOperationEvent saves op (ErrNotFound when it has no record,
+	// and then appends nothing) and appends e.
+	UpdateOperationEvent(ctx context.Context, op Operation, e Event) (Event, error)
+}
+
+// UpdateOperationEvent saves op and appends e: in one call when st
+// implements OperationEvents, else UpdateOperation then AppendEvent.
+func UpdateOperationEvent(ctx context.Context, st Store, op Operation, e Event) (Event, error) {
+	if oe, ok := st.(OperationEvents); ok {
+		return oe.UpdateOperationEvent(ctx, op, e)
+	}
+	if err := st.UpdateOperation(ctx, op); err != nil {
+		return e, err
+	}
+	return st.AppendEvent(ctx, e)
 }
 
 // EventWatcher is implemented by stores that several servers share (the

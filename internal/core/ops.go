@@ -46,8 +46,17 @@ type Engine struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	running map[string]Operation     // started and not yet ended, by id
-	ended   map[string]chan struct{} // of each running operation: closed once its outcome is stored
+	running map[string]Operation // started and not yet ended, by id
+	ended   map[string]*opEnd    // of each running operation
+}
+
+// opEnd is how a running operation ends: done closes once its outcome
+// is stored, and op is that outcome as stored (stored false: saving it
+// failed, so only the store can say).
+type opEnd struct {
+	done   chan struct{}
+	op     Operation
+	stored bool
 }
 
 // NewEngine returns an engine; operations run under ctx. Its records go to
@@ -55,7 +64,7 @@ type Engine struct {
 func NewEngine(ctx context.Context, store Store, broker *Broker, now func() time.Time, logf func(string, ...any)) *Engine {
 	ctx, cancel := context.WithCancel(ctx)
 	return &Engine{store: store, broker: broker, now: now, log: logx.FromLogf(logf), ctx: ctx, cancel: cancel,
-		running: map[string]Operation{}, ended: map[string]chan struct{}{}}
+		running: map[string]Operation{}, ended: map[string]*opEnd{}}
 }
 
 // SetLogger sends the engine's records to l: one per ended operation
@@ -161,8 +170,8 @@ func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 	e.publish(op)
 	e.mu.Lock()
 	e.running[op.ID] = op
-	ended := make(chan struct{})
-	e.ended[op.ID] = ended
+	end := &opEnd{done: make(chan struct{})}
+	e.ended[op.ID] = end
 	e.mu.Unlock()
 	e.wg.Add(1)
 	go func() {
@@ -172,13 +181,13 @@ func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 			delete(e.running, op.ID)
 			delete(e.ended, op.ID)
 			e.mu.Unlock()
-			close(ended)
+			close(end.done)
 		}()
-		e.run(audit.RequestID(ctx), op, fn)
+		e.run(audit.RequestID(ctx), op, fn, end)
 	}()
 }
 
-func (e *Engine) run(requestID string, op Operation, fn OpFunc) {
+func (e *Engine) run(requestID string, op Operation, fn OpFunc, end *opEnd) {
 	ctx := e.ctx
 	if requestID != "" {
 		ctx = audit.WithRequestID(ctx, requestID)
@@ -223,7 +232,7 @@ func (e *Engine) run(requestID string, op Operation, fn OpFunc) {
 		op.State, op.Error = OpFailed, &OpError{Code: ErrorCode(err), Message: err.Error()}
 	}
 	// The engine's context may be cancelled at shutdown; record the outcome anyway.
-	e.saveCtx(context.WithoutCancel(ctx), op)
+	end.op, end.stored = e.saveCtx(context.WithoutCancel(ctx), op)
 	attrs := append(opAttrs(op), slog.String("state", string(op.State)),
 		slog.Float64("duration_ms", float64(e.now().Sub(t0).Microseconds())/1000))
 	level := slog.LevelInfo
@@ -238,13 +247,21 @@ func (e *Engine) run(requestID string, op Operation, fn OpFunc) {
 
 func (e *Engine) save(op Operation) { e.saveCtx(e.ctx, op) }
 
-func (e *Engine) saveCtx(ctx context.Context, op Operation) {
+// saveCtx stores op and its operation.updated event (one round trip on
+// a store that can) and wakes the project's subscribers. It returns op as
+// stored, and whether it was.
+func (e *Engine) saveCtx(ctx context.Context, op Operation) (Operation, bool) {
 	op.UpdatedAt = e.now().UTC()
-	if err := e.store.UpdateOperation(ctx, op); err != nil {
-		e.log.LogAttrs(ctx, slog.LevelWarn, "operation save failed", append(opAttrs(op), slog.String("error", err.Error()))...)
-		return
+	ev, err := e.broker.NewEvent(op.ProjectID, "operation.updated", sandboxTarget(op), op.ID, op)
+	if err == nil {
+		_, err = UpdateOperationEvent(ctx, e.store, op, ev)
 	}
-	e.publishCtx(ctx, op)
+	if err != nil {
+		e.log.LogAttrs(ctx, slog.LevelWarn, "operation save failed", append(opAttrs(op), slog.String("error", err.Error()))...)
+		return op, false
+	}
+	e.broker.Wake(op.ProjectID)
+	return op, true
 }
 
 func (e *Engine) publish(op Operation) { e.publishCtx(e.ctx, op) }
@@ -269,19 +286,30 @@ func (e *Engine) Wait(ctx context.Context, projectID, id string, timeout time.Du
 	defer deadline.Stop()
 	for {
 		e.mu.Lock()
-		ended := e.ended[id]
+		end := e.ended[id]
+		running := e.running[id]
 		e.mu.Unlock()
+		if end != nil && timeout > 0 && (projectID == "" || running.ProjectID == projectID) {
+			// This engine runs it: nothing but its end finishes it, and
+			// the end comes with the outcome as stored, so the wait reads
+			// the store only when it times out (with a shared store each
+			// read is a query, for every waiter, on every replica).
+			select {
+			case <-end.done:
+				if end.stored {
+					return end.op, nil
+				}
+				continue // the outcome was not saved: ask the store
+			case <-deadline.C:
+				return e.store.GetOperation(ctx, projectID, id)
+			case <-ctx.Done():
+				return running, ctx.Err()
+			}
+		}
 		changed := e.broker.Changed(projectID)
 		op, err := e.store.GetOperation(ctx, projectID, id)
 		if err != nil || op.State.Done() || timeout <= 0 {
 			return op, err
-		}
-		if ended != nil {
-			// This engine runs it: nothing but its end (stored before the
-			// channel closes) finishes it, so the project's other changes
-			// need no re-read (with a shared store each is a query, for
-			// every waiter, on every replica).
-			changed = ended
 		}
 		select {
 		case <-changed:

@@ -182,6 +182,25 @@ func (s *store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	return err
 }
 
+// UpdateOperationEvent keeps the inner store's single round trip
+// (core.OperationEvents) and falls back to the two timed calls.
+func (s *store) UpdateOperationEvent(ctx context.Context, op core.Operation, e core.Event) (core.Event, error) {
+	oe, ok := s.Store.(core.OperationEvents)
+	if !ok {
+		if err := s.UpdateOperation(ctx, op); err != nil {
+			return e, err
+		}
+		return s.AppendEvent(ctx, e)
+	}
+	t0 := time.Now()
+	ev, err := oe.UpdateOperationEvent(ctx, op, e)
+	s.done("UpdateOperationEvent", t0, err)
+	if err == nil && op.State.Done() {
+		s.m.operationDone(op)
+	}
+	return ev, err
+}
+
 func (s *store) UnfinishedOperations(ctx context.Context) ([]core.Operation, error) {
 	t0 := time.Now()
 	l, err := s.Store.UnfinishedOperations(ctx)

@@ -281,13 +281,31 @@ func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Op
 	if err != nil {
 		return op, false, fmt.Errorf("encode metadata: %w", err)
 	}
-	return s.createWithOp(ctx, op, idemKey, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO sandboxes(id,project_id,state,node,expires_at,ended_at,metadata,doc) VALUES($1,$2,$3,$4,$5,$6,$7,$8)`,
-			sb.ID, sb.ProjectID, string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(doc)); err != nil {
-			return fmt.Errorf("insert sandbox: %w", err)
+	opDoc, err := core.EncodeOperation(op)
+	if err != nil {
+		return op, false, fmt.Errorf("encode operation: %w", err)
+	}
+	// One statement, so atomic without a transaction around it (one round
+	// trip instead of four): the sandbox is inserted only when the
+	// operation claimed idemKey.
+	var inserted bool
+	err = s.pool.QueryRow(ctx, `WITH o AS (INSERT INTO operations(id,project_id,state,idem_key,owner,target,done_at,doc) VALUES($9,$2,$10,$11,$12,$13,$14,$15)
+			ON CONFLICT (project_id, idem_key) DO NOTHING RETURNING id),
+		x AS (INSERT INTO sandboxes(id,project_id,state,node,expires_at,ended_at,metadata,doc) SELECT $1,$2,$3,$4,$5,$6,$7,$8 WHERE EXISTS (SELECT 1 FROM o) RETURNING id)
+		SELECT EXISTS (SELECT 1 FROM x)`,
+		sb.ID, sb.ProjectID, string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(doc),
+		op.ID, string(op.State), nullString(idemKey), s.node, op.Target, opDone(op), string(opDoc)).Scan(&inserted)
+	if err != nil {
+		return op, false, fmt.Errorf("insert sandbox and operation: %w", err)
+	}
+	if !inserted {
+		prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
+		if err != nil {
+			return op, false, err
 		}
-		return nil
-	})
+		return prev, false, nil
+	}
+	return op, true, nil
 }
 
 func decodeSandbox(doc string) (core.Sandbox, error) {
@@ -375,37 +393,62 @@ func (s *Store) ListSandboxes(ctx context.Context, f core.SandboxFilter) ([]core
 // row locked (SELECT … FOR UPDATE), so concurrent updates from any replica
 // apply one after the other.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sandbox) error) (core.Sandbox, error) {
-	var sb core.Sandbox
-	err := s.withTx(ctx, func(tx pgx.Tx) error {
-		var doc string
-		err := tx.QueryRow(ctx, `SELECT doc FROM sandboxes WHERE id=$1 FOR UPDATE`, id).Scan(&doc)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
+	// The transaction of BEGIN, SELECT … FOR UPDATE, UPDATE, COMMIT in two
+	// round trips instead of four: each pair goes in one pipeline. A
+	// BEGIN in a pipeline keeps its transaction open past the pipeline's
+	// end, so the row stays locked while fn runs, as with a pgx.Tx.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return core.Sandbox{}, fmt.Errorf("begin: %w", err)
+	}
+	defer conn.Release() // a connection left inside a transaction is closed, not reused
+	rollback := func() { conn.Exec(context.WithoutCancel(ctx), "ROLLBACK") }
+	var doc string
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`SELECT doc FROM sandboxes WHERE id=$1 FOR UPDATE`, id).QueryRow(func(row pgx.Row) error { return row.Scan(&doc) })
+	err = conn.SendBatch(ctx, b).Close()
+	if errors.Is(err, pgx.ErrNoRows) {
+		rollback()
+		return core.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
+	}
+	if err != nil {
+		rollback()
+		return core.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
+	}
+	sb, err := decodeSandbox(doc)
+	if err == nil {
+		err = fn(&sb)
+	}
+	var nd, md []byte
+	if err == nil {
+		if nd, err = json.Marshal(sb); err != nil {
+			err = fmt.Errorf("encode sandbox: %w", err)
 		}
-		if err != nil {
-			return fmt.Errorf("get sandbox: %w", err)
+	}
+	if err == nil {
+		if md, err = metadataJSON(sb.Metadata); err != nil {
+			err = fmt.Errorf("encode metadata: %w", err)
 		}
-		if sb, err = decodeSandbox(doc); err != nil {
-			return err
-		}
-		if err := fn(&sb); err != nil {
-			return err
-		}
-		nd, err := json.Marshal(sb)
-		if err != nil {
-			return fmt.Errorf("encode sandbox: %w", err)
-		}
-		md, err := metadataJSON(sb.Metadata)
-		if err != nil {
-			return fmt.Errorf("encode metadata: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE sandboxes SET state=$1, node=$2, expires_at=$3, ended_at=$4, metadata=$5, doc=$6 WHERE id=$7`,
-			string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(nd), id); err != nil {
-			return fmt.Errorf("update sandbox: %w", err)
-		}
-		return nil
-	})
-	return sb, err
+	}
+	if err != nil {
+		rollback()
+		return sb, err
+	}
+	b = &pgx.Batch{}
+	b.Queue(`UPDATE sandboxes SET state=$1, node=$2, expires_at=$3, ended_at=$4, metadata=$5, doc=$6 WHERE id=$7`,
+		string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(nd), id)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		rollback()
+		return sb, fmt.Errorf("update sandbox: %w", err)
+	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		// COMMIT of a failed transaction answers ROLLBACK without an error.
+		rollback()
+		return sb, fmt.Errorf("update sandbox %s: transaction not committed (status %c)", id, st)
+	}
+	return sb, nil
 }
 
 // ExpiredSandboxes lists running sandboxes past their expiry (with
@@ -461,9 +504,23 @@ func getOp(ctx context.Context, q querier, projectID, id, idemKey string) (core.
 	return decodeOp(doc)
 }
 
-// CreateOperation stores an operation, honouring an idempotency key.
+// CreateOperation stores an operation, honouring an idempotency key. One
+// INSERT is atomic on its own: no transaction around it (three round
+// trips for one). ON CONFLICT waits for a concurrent holder of the key to
+// commit, so a replay reads the committed holder.
 func (s *Store) CreateOperation(ctx context.Context, op core.Operation, idemKey string) (core.Operation, bool, error) {
-	return s.createWithOp(ctx, op, idemKey, func(pgx.Tx) error { return nil })
+	ok, err := s.insertOp(ctx, s.pool, op, idemKey)
+	if err != nil {
+		return op, false, err
+	}
+	if !ok {
+		prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
+		if err != nil {
+			return op, false, err
+		}
+		return prev, false, nil
+	}
+	return op, true, nil
 }
 
 // GetOperation returns an operation; projectID "" matches any project.
@@ -485,6 +542,34 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 		return fmt.Errorf("operation %s: %w", op.ID, core.ErrNotFound)
 	}
 	return nil
+}
+
+// UpdateOperationEvent implements core.OperationEvents: the update and
+// the append in one statement (one round trip, one commit); nothing is
+// appended when op has no record.
+func (s *Store) UpdateOperationEvent(ctx context.Context, op core.Operation, e core.Event) (core.Event, error) {
+	opDoc, err := core.EncodeOperation(op)
+	if err != nil {
+		return e, fmt.Errorf("encode operation: %w", err)
+	}
+	evDoc, err := json.Marshal(e)
+	if err != nil {
+		return e, fmt.Errorf("encode event: %w", err)
+	}
+	var seq int64
+	err = s.pool.QueryRow(ctx, `WITH u AS (UPDATE operations SET state=$4, done_at=$5, doc=$6 WHERE id=$7 RETURNING id),
+		c AS (UPDATE event_seq SET seq = seq + 1 WHERE id = 1 AND EXISTS (SELECT 1 FROM u) RETURNING seq),
+		i AS (INSERT INTO events(seq, project_id, created_at, doc) SELECT seq, $1, $3, $2 FROM c RETURNING seq)
+		SELECT i.seq FROM i, LATERAL (SELECT pg_notify('`+EventChannel+`', $1)) n`,
+		e.ProjectID, string(evDoc), eventTime(e), string(op.State), opDone(op), string(opDoc), op.ID).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, fmt.Errorf("operation %s: %w", op.ID, core.ErrNotFound)
+	}
+	if err != nil {
+		return e, fmt.Errorf("update operation and append event: %w", err)
+	}
+	e.Seq = seq
+	return e, nil
 }
 
 // UnfinishedOperations lists pending and running operations (with

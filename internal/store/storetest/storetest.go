@@ -17,10 +17,12 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("Meta", func(t *testing.T) { testMeta(t, newStore(t)) })
 	t.Run("APIKeys", func(t *testing.T) { testKeys(t, newStore(t)) })
 	t.Run("SandboxOps", func(t *testing.T) { testSandboxOps(t, newStore(t)) })
+	t.Run("UpdateSandboxSerializes", func(t *testing.T) { testUpdateSandboxSerializes(t, newStore(t)) })
 	t.Run("Idempotency", func(t *testing.T) { testIdempotency(t, newStore(t)) })
 	t.Run("IdempotencyFingerprint", func(t *testing.T) { testFingerprint(t, newStore(t)) })
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
+	t.Run("OperationEvents", func(t *testing.T) { testOperationEvents(t, newStore(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, newStore(t)) })
 	t.Run("NodeDrains", func(t *testing.T) { testNodeDrains(t, newStore(t)) })
@@ -138,6 +140,56 @@ func testSandboxOps(t *testing.T, s core.Store) {
 	}
 }
 
+// testUpdateSandboxSerializes: concurrent read-modify-writes of one
+// sandbox lose nothing (each holds the row while its fn runs), and a
+// missing sandbox or a failing fn leaves the store usable.
+func testUpdateSandboxSerializes(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	if _, _, err := s.CreateSandboxOp(ctx, sandbox("sbx-n", "p1"), op("op-n", "p1", "sbx-n"), ""); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 6, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*each)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				_, err := s.UpdateSandbox(ctx, "sbx-n", func(sb *core.Sandbox) error {
+					n := 0
+					fmt.Sscan(sb.Metadata["n"], &n)
+					time.Sleep(time.Millisecond) // widen the window a lost update needs
+					sb.Metadata = map[string]string{"n": fmt.Sprint(n + 1)}
+					return nil
+				})
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("update: %v", err)
+		}
+	}
+	if got, _ := s.GetSandbox(ctx, "", "sbx-n"); got.Metadata["n"] != fmt.Sprint(workers*each) {
+		t.Fatalf("after %d concurrent increments: n=%q", workers*each, got.Metadata["n"])
+	}
+	for i := 0; i < 3; i++ { // more than once: the connection must come back clean
+		if _, err := s.UpdateSandbox(ctx, "sbx-none", func(*core.Sandbox) error { return nil }); !errors.Is(err, core.ErrNotFound) {
+			t.Fatalf("missing sandbox: %v", err)
+		}
+		if _, err := s.UpdateSandbox(ctx, "sbx-n", func(*core.Sandbox) error { return core.ErrConflict }); !errors.Is(err, core.ErrConflict) {
+			t.Fatalf("failing fn: %v", err)
+		}
+	}
+	if got, err := s.UpdateSandbox(ctx, "sbx-n", func(sb *core.Sandbox) error { sb.State = core.SandboxRunning; return nil }); err != nil || got.State != core.SandboxRunning {
+		t.Fatalf("update after failures: %+v %v", got, err)
+	}
+}
+
 func testIdempotency(t *testing.T, s core.Store) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
@@ -233,6 +285,38 @@ func testEvents(t *testing.T, s core.Store) {
 	evs, _ = s.EventsAfter(ctx, "p1", evs[0].Seq, 10)
 	if len(evs) != 2 {
 		t.Fatalf("events after first: %d", len(evs))
+	}
+}
+
+// testOperationEvents: an operation's step and its event are saved
+// together (one statement where the store implements
+// core.OperationEvents), and nothing is appended for a missing operation.
+func testOperationEvents(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	o := op("op-oe", "p1", "sbx-oe")
+	if _, _, err := s.CreateOperation(ctx, o, ""); err != nil {
+		t.Fatalf("create operation: %v", err)
+	}
+	before, _ := s.LatestEventSeq(ctx, "p1")
+	o.State, o.Progress, o.Message, o.UpdatedAt = core.OpSucceeded, 100, "done", t0.Add(time.Second)
+	ev, err := core.UpdateOperationEvent(ctx, s, o, core.Event{ProjectID: "p1", Type: "operation.updated", OperationID: o.ID, Data: []byte(`{"state":"succeeded"}`), CreatedAt: t0})
+	if err != nil || ev.Seq <= before {
+		t.Fatalf("update with event: seq %d after %d: %v", ev.Seq, before, err)
+	}
+	got, err := s.GetOperation(ctx, "p1", o.ID)
+	if err != nil || got.State != core.OpSucceeded || got.Message != "done" {
+		t.Fatalf("operation after the update: %+v %v", got, err)
+	}
+	evs, err := s.EventsAfter(ctx, "p1", before, 10)
+	if err != nil || len(evs) != 1 || evs[0].Seq != ev.Seq || evs[0].OperationID != o.ID || string(evs[0].Data) != `{"state":"succeeded"}` {
+		t.Fatalf("events after the update: %+v %v", evs, err)
+	}
+	missing := op("op-none", "p1", "sbx-oe")
+	if _, err := core.UpdateOperationEvent(ctx, s, missing, core.Event{ProjectID: "p1", Type: "operation.updated", Data: []byte(`{}`), CreatedAt: t0}); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("missing operation: %v, want not found", err)
+	}
+	if seq, _ := s.LatestEventSeq(ctx, "p1"); seq != ev.Seq {
+		t.Fatalf("a missing operation's update appended an event: latest %d, want %d", seq, ev.Seq)
 	}
 }
 
