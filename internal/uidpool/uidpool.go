@@ -108,7 +108,9 @@ func (p *Pool) lock() (func(), error) {
 	return func() { _ = f.Close() }, nil
 }
 
-func (p *Pool) entry(base uint32) string { return filepath.Join(p.dir, strconv.FormatUint(uint64(base), 10)) }
+func (p *Pool) entry(base uint32) string {
+	return filepath.Join(p.dir, strconv.FormatUint(uint64(base), 10))
+}
 
 func (p *Pool) owner(base uint32) (string, error) {
 	b, err := os.ReadFile(p.entry(base))
