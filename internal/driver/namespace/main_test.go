@@ -16,6 +16,7 @@ import (
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/uidpool"
 )
 
 // Built once by TestMain when running as root.
@@ -39,15 +40,26 @@ const nodeHelperEnv = "NSDRV_NODE_HELPER"
 type nodeHelperSpec struct {
 	StateDir, RunDir, AgentPath, CgroupBase string
 	ID, Rootfs                              string
+	Pool                                    bool
 }
 
 func nodeHelper(spec string) int {
-	var hs nodeHelperSpec
+	var (
+		hs  nodeHelperSpec
+		err error
+	)
 	if err := json.Unmarshal([]byte(spec), &hs); err != nil {
 		fmt.Println("ERR", err)
 		return 1
 	}
-	d, err := New(Options{StateDir: hs.StateDir, RunDir: hs.RunDir, AgentPath: hs.AgentPath, CgroupBase: hs.CgroupBase})
+	opts := Options{StateDir: hs.StateDir, RunDir: hs.RunDir, AgentPath: hs.AgentPath, CgroupBase: hs.CgroupBase}
+	if hs.Pool {
+		if opts.Pool, err = openTestPool(); err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+	}
+	d, err := New(opts)
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -149,16 +161,28 @@ func requireSandbox(t testing.TB) {
 
 // testOptions returns options over fresh dirs; the cgroup base is unique to
 // the test so a concurrent node or test never sees (or sweeps) our groups.
+// Sandboxes get their own uid blocks from the host-wide registry, shared
+// with every node and test run on this host, so none of them can be
+// handed a block of ours.
 func testOptions(t testing.TB) Options {
 	t.Helper()
 	base := t.TempDir()
+	pool, err := openTestPool()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return Options{
 		StateDir:   filepath.Join(base, "state"),
 		RunDir:     filepath.Join(base, "run"),
 		AgentPath:  initBin,
 		CgroupBase: fmt.Sprintf("space-test-%d", os.Getpid()),
+		Pool:       pool,
 		Logf:       t.Logf,
 	}
+}
+
+func openTestPool() (*uidpool.Pool, error) {
+	return uidpool.Open(uidpool.DefaultDir, uidpool.DefaultStart, uidpool.DefaultCount)
 }
 
 func newDriver(t testing.TB, opts Options) *Driver {
