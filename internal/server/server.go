@@ -368,6 +368,7 @@ func newGvisor(cfg Config, logf func(string, ...any), network *egress.Network, s
 		AgentPath:     cfg.AgentPath,
 		UIDBase:       cfg.UIDBase,
 		UIDCount:      65536,
+		Pool:          cfg.uidPool,
 		DefaultLimits: driverDefaults(cfg),
 		Disks:         cfg.disks,
 		Logf:          logf,
