@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/space-sandbox/space/internal/driver"
 )
@@ -188,5 +189,46 @@ func TestLegacyRangeKept(t *testing.T) {
 	}
 	if err := inst.Destroy(testCtx(t)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkUIDPool interleaves creates (→ agent ready) and destroys of
+// three layouts in one loop, so load drift hits all alike: the shared
+// range (no pool), a pool block whose user namespace for the idmapped
+// template is cached (a block reused after a delete, the steady state),
+// and one whose namespace is made afresh (a block never used before).
+func BenchmarkUIDPool(b *testing.B) {
+	requireSandbox(b)
+	opts := testOptions(b)
+	shared := opts
+	shared.Pool = nil
+	shared.StateDir += "-shared"
+	pooled := newDriver(b, opts)
+	layouts := []struct {
+		name string
+		d    *Driver
+		prep func()
+	}{
+		{"shared", newDriver(b, shared), func() {}},
+		{"pool", pooled, func() {}},
+		{"pool-fresh-userns", pooled, func() { _ = pooled.idmaps.Close() }},
+	}
+	ctx := context.Background()
+	took := make([][]time.Duration, len(layouts))
+	for i := 0; b.Loop(); i++ {
+		for k, l := range layouts {
+			l.prep()
+			inst, err := l.d.Create(ctx, driver.Spec{ID: fmt.Sprintf("ub-%d-%d", k, i), RootfsDir: rootfs})
+			if err != nil {
+				b.Fatal(err)
+			}
+			took[k] = append(took[k], inst.Timing().Total)
+			if err := inst.Destroy(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for k, l := range layouts {
+		b.ReportMetric(float64(percentile(took[k], 50))/float64(time.Millisecond), l.name+"-p50-ms")
 	}
 }
