@@ -60,6 +60,19 @@ func (c *Cache) UserNS(m Mapping) (*os.File, error) {
 	return f, nil
 }
 
+// MountAt makes dst (a new dir) and attaches there a read-only view of
+// src whose owners are mapped by m, through the cache's namespace for m.
+func (c *Cache) MountAt(src, dst string, m Mapping) error {
+	ns, err := c.UserNS(m)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return fmt.Errorf("idmap: %w", err)
+	}
+	return Mount(src, dst, ns)
+}
+
 // Close closes every cached namespace descriptor.
 func (c *Cache) Close() error {
 	c.mu.Lock()

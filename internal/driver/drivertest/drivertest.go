@@ -814,3 +814,13 @@ func CopyLayer(saved string, srcBase uint32) func(ctx context.Context, dst drive
 		})
 	}
 }
+
+// AsHostUID runs a host shell script as uid:gid uid, as a process that
+// escaped a sandbox with its ids would be, and reports whether it exited 0
+// and its output.
+func AsHostUID(ctx context.Context, uid uint32, script string) (bool, string) {
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}}
+	out, err := cmd.CombinedOutput()
+	return err == nil, string(out)
+}

@@ -748,12 +748,5 @@ func (d *Driver) SelfTest(ctx context.Context) error {
 // mountLower attaches the template at dst as the sandbox with host ids
 // uidBase.. sees it: its files, stored as UIDBase.., owned by uidBase...
 func (d *Driver) mountLower(rootfs, dst string, uidBase uint32) error {
-	ns, err := d.idmaps.UserNS(idmap.Mapping{From: d.opts.UIDBase, To: uidBase, Count: d.opts.UIDCount})
-	if err != nil {
-		return err
-	}
-	if err := os.Mkdir(dst, 0o755); err != nil {
-		return err
-	}
-	return idmap.Mount(rootfs, dst, ns)
+	return d.idmaps.MountAt(rootfs, dst, idmap.Mapping{From: d.opts.UIDBase, To: uidBase, Count: d.opts.UIDCount})
 }

@@ -3,7 +3,6 @@ package gvisor
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,16 +31,6 @@ func hostUID(t *testing.T, pid int) uint32 {
 	}
 	t.Fatalf("no Uid in /proc/%d/status", pid)
 	return 0
-}
-
-// asHost runs a host shell script as uid:gid (a process that escaped a
-// sandbox with its ids) and reports whether it exited 0.
-func asHost(t *testing.T, uid uint32, script string) (bool, string) {
-	t.Helper()
-	cmd := exec.CommandContext(testCtx(t), "/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}}
-	out, err := cmd.CombinedOutput()
-	return err == nil, string(out)
 }
 
 // Two gVisor sandboxes of one node: runsc's processes run under disjoint
@@ -87,10 +76,10 @@ func TestOwnUIDRanges(t *testing.T) {
 		"signal": "kill -0 " + strconv.Itoa(b.st.PID),
 	}
 	for what, script := range probes {
-		if ok, out := asHost(t, ba, script); ok {
+		if ok, out := drivertest.AsHostUID(testCtx(t), ba, script); ok {
 			t.Errorf("host uid %d (sandbox a's root) could %s sandbox b's: %s", ba, what, out)
 		}
-		if ok, out := asHost(t, bb, script); !ok {
+		if ok, out := drivertest.AsHostUID(testCtx(t), bb, script); !ok {
 			t.Errorf("control: host uid %d (b's root) could not %s b's: %s", bb, what, out)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/drivertest"
 )
 
 // uidMap reads the host range of a process's user namespace: "0 base n".
@@ -25,16 +25,6 @@ func uidMap(t *testing.T, pid int) (base, n uint64) {
 	base, _ = strconv.ParseUint(f[1], 10, 32)
 	n, _ = strconv.ParseUint(f[2], 10, 32)
 	return base, n
-}
-
-// asHost runs a host shell script as uid:gid (a process that escaped a
-// sandbox with its ids) and reports whether it exited 0.
-func asHost(t *testing.T, uid uint32, script string) (bool, string) {
-	t.Helper()
-	cmd := exec.CommandContext(testCtx(t), "/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}}
-	out, err := cmd.CombinedOutput()
-	return err == nil, string(out)
 }
 
 // Two sandboxes of one node run under disjoint host ranges, own their
@@ -98,10 +88,10 @@ func TestOwnUIDRanges(t *testing.T) {
 		"signal": "kill -0 " + strconv.Itoa(b.PID()),
 	}
 	for what, script := range probes {
-		if ok, out := asHost(t, a.uidBase, script); ok {
+		if ok, out := drivertest.AsHostUID(testCtx(t), a.uidBase, script); ok {
 			t.Errorf("host uid %d (sandbox a's root) could %s sandbox b's: %s", a.uidBase, what, out)
 		}
-		if ok, out := asHost(t, b.uidBase, script); !ok {
+		if ok, out := drivertest.AsHostUID(testCtx(t), b.uidBase, script); !ok {
 			t.Errorf("control: host uid %d (b's root) could not %s b's: %s", b.uidBase, what, out)
 		}
 	}
