@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -141,4 +142,30 @@ func Mount(src, dst string, userns *os.File) error {
 		return fmt.Errorf("idmap: move_mount %s: %w", dst, err)
 	}
 	return nil
+}
+
+// Probe checks that an idmapped mount of a tree below dir works on this
+// kernel and filesystem, using a scratch dir it removes again.
+func Probe(dir string) error {
+	tmp, err := os.MkdirTemp(dir, ".idmap-probe-")
+	if err != nil {
+		return fmt.Errorf("idmap: probe: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	src, dst := filepath.Join(tmp, "src"), filepath.Join(tmp, "dst")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		return fmt.Errorf("idmap: probe: %w", err)
+	}
+	ns, err := NewUserNS(Mapping{From: 0, To: 1 << 31, Count: 1})
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return fmt.Errorf("idmap: probe: %w", err)
+	}
+	if err := Mount(src, dst, ns); err != nil {
+		return err
+	}
+	return unix.Unmount(dst, unix.MNT_DETACH)
 }

@@ -100,3 +100,19 @@ func BenchmarkMount(b *testing.B) {
 		}
 	}
 }
+
+func TestProbe(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("idmapped mounts need root")
+	}
+	dir := t.TempDir()
+	if err := Probe(dir); err != nil {
+		t.Fatalf("probe on this host's %s: %v", dir, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("probe left %v", ents)
+	}
+	if err := Probe(filepath.Join(dir, "missing")); err == nil {
+		t.Error("probe of a missing dir succeeded")
+	}
+}
