@@ -393,7 +393,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if idmapped {
 		// The template through an idmapped mount onto the sandbox's block.
 		// The child's mount namespace copies it at clone; the host's copy
-		// is detached right after.
+		// is detached once the sandbox is ready: init makes its mounts
+		// private first thing, and until then a host unmount could
+		// propagate into its copy (a shared host root makes it a slave).
 		if err := d.mountLower(rootfs, hostPath(cfg.Rootfs), uidBase); err != nil {
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
@@ -514,9 +516,6 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, fmt.Errorf("namespace: start %s: %w", d.opts.AgentPath, err)
 	}
 	timing.Namespaces = time.Since(tStart)
-	if idmapped {
-		unmountLower(dir)
-	}
 	proc := newChild(cmd)
 	undo.push(func() {
 		_ = proc.kill()
@@ -609,6 +608,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	}
 	timing.Overlay = diskTook + it.Mounts + it.Pivot
 	timing.Network += it.Network
+	if idmapped {
+		unmountLower(dir)
+	}
 
 	inst := &Instance{
 		d:       d,
