@@ -97,6 +97,17 @@ func TestFreeAdoptReclaim(t *testing.T) {
 	if err := p.Adopt(ba, b); err == nil {
 		t.Fatal("b adopted a's block")
 	}
+	// The registry lost a's entry (/run emptied): a restarted node's
+	// Adopt records it again, and nobody else gets the block meanwhile.
+	if err := os.Remove(p.entry(ba)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Adopt(ba, a); err != nil {
+		t.Fatalf("adopt after the registry lost the block: %v", err)
+	}
+	if o, _ := p.Owner(ba); o != a {
+		t.Fatalf("re-adopted block owned by %q", o)
+	}
 	if err := p.Free(ba, a); err != nil {
 		t.Fatal(err)
 	}
