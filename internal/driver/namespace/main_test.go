@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/uidpool"
+	"golang.org/x/sys/unix"
 )
 
 // Built once by TestMain when running as root.
@@ -73,8 +75,37 @@ func nodeHelper(spec string) int {
 	select {}
 }
 
+// sharedRootEnv makes the test binary a child that runs its tests in a
+// mount namespace of its own whose root is shared, as on a systemd host
+// (this one's is private); the value is the parent's initbin, rootfs and
+// mount namespace, newline-separated.
+const sharedRootEnv = "NSDRV_SHARED_ROOT"
+
+func enterSharedRoot(v string) error {
+	f := strings.Split(v, "\n")
+	if len(f) != 3 {
+		return fmt.Errorf("bad %s", sharedRootEnv)
+	}
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	if self == f[2] {
+		return errors.New("refusing to make the host's root shared: not in a mount namespace of our own")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make / shared: %w", err)
+	}
+	initBin, rootfs = f[0], f[1]
+	return nil
+}
+
 func run(m *testing.M) int {
 	if os.Geteuid() != 0 {
+		return m.Run()
+	}
+	if v := os.Getenv(sharedRootEnv); v != "" {
+		setupErr = enterSharedRoot(v)
 		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "nsdrv-")

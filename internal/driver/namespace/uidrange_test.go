@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -179,6 +180,31 @@ func TestLegacyRangeKept(t *testing.T) {
 	}
 	if err := inst.Destroy(testCtx(t)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On a host whose root mount is shared (systemd's default) the sandbox's
+// copy of the idmapped template is a slave of the host's until init makes
+// its mounts private: the host must not detach its copy before then, or
+// the sandbox's lower layer is empty. The uid-range tests run again in a
+// child whose mount namespace has a shared root.
+func TestSharedHostRoot(t *testing.T) {
+	requireSandbox(t)
+	if os.Getenv(sharedRootEnv) != "" {
+		t.Skip("already the shared-root child")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.count=1", "-test.v", "-test.run=^(TestOwnUIDRanges|TestRestoreFreshRange)$")
+	mnt, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), sharedRootEnv+"="+initBin+"\n"+rootfs+"\n"+mnt)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestOwnUIDRanges") || !strings.Contains(string(out), "--- PASS: TestRestoreFreshRange") {
+		t.Fatalf("under a shared root: %v\n%s", err, out)
 	}
 }
 
