@@ -7,8 +7,10 @@
 // registry, so processes sharing it (several nodes or test runs on one
 // host) never hand a block out twice, and a kill -9 loses nothing: the
 // files stay and the lock goes with the process. A block whose owner dir
-// no longer exists was left by a process that died between removing a
-// sandbox and freeing its block; the next allocation reclaims it.
+// no longer exists (a node that died between removing a sandbox and
+// freeing its block, a data dir removed wholesale) is reclaimed when the
+// pool has no free block left, unless a process still runs with one of
+// its uids.
 //
 // Blocks are aligned to 65536, so pools of different bounds that share a
 // registry still never overlap block by block.
@@ -168,7 +170,7 @@ func (p *Pool) Alloc(owner string) (uint32, error) {
 				if err != nil && !errors.Is(err, fs.ErrNotExist) {
 					return 0, fmt.Errorf("uidpool: %w", err)
 				}
-				if err == nil && !stale(o) {
+				if err == nil && (!stale(o) || running(base)) {
 					continue
 				}
 			}
@@ -188,6 +190,39 @@ func stale(owner string) bool {
 	}
 	_, err := os.Lstat(owner)
 	return errors.Is(err, fs.ErrNotExist)
+}
+
+// running reports whether a host process runs with a real, effective or
+// saved uid in the block at base: a sandbox whose state dir was removed
+// without a teardown may still run, and its block is not free then. Only
+// read, never signalled.
+func running(base uint32) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true // cannot tell: keep the block
+	}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[0] != "Uid:" {
+				continue
+			}
+			for _, v := range f[1:4] {
+				if u, err := strconv.ParseUint(v, 10, 32); err == nil && u >= uint64(base) && u < uint64(base)+BlockSize {
+					return true
+				}
+			}
+			break
+		}
+	}
+	return false
 }
 
 // Adopt confirms owner holds base, as after a restart, recording it again

@@ -2,15 +2,22 @@ package uidpool
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 )
+
+// testStart is far above the default pool: these registries are private,
+// so their blocks must be ids no node hands out (TestReclaimSkipsRunningBlock
+// runs a process as one).
+const testStart = 3 << 30
 
 func testPool(t *testing.T, blocks uint32) (*Pool, string) {
 	t.Helper()
 	dir := t.TempDir()
-	p, err := Open(filepath.Join(dir, "reg"), DefaultStart, blocks*BlockSize)
+	p, err := Open(filepath.Join(dir, "reg"), testStart, blocks*BlockSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +37,7 @@ func owner(t *testing.T, dir, name string) string {
 // host) never get the same block, and a full pool says so.
 func TestAllocNeverTwice(t *testing.T) {
 	p, dir := testPool(t, 16)
-	q, err := Open(p.dir, DefaultStart, 16*BlockSize)
+	q, err := Open(p.dir, testStart, 16*BlockSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,5 +143,38 @@ func TestOpenRejectsBadRanges(t *testing.T) {
 	}
 	if s, c, err := ParseRange("16777216:1073741824"); err != nil || s != DefaultStart || c != DefaultCount {
 		t.Fatalf("ParseRange: %d %d %v", s, c, err)
+	}
+}
+
+// A block whose owner dir is gone is still not reclaimed while a process
+// runs with one of its uids (a sandbox whose state dir was removed without
+// a teardown).
+func TestReclaimSkipsRunningBlock(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as the block's uid")
+	}
+	p, dir := testPool(t, 1)
+	gone := owner(t, dir, "gone")
+	base, err := p.Alloc(gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("/bin/sleep", "60")
+	sleeper.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: base + 5, Gid: base + 5, NoSetGroups: true}}
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleeper.Wait()
+	defer sleeper.Process.Kill()
+	if got, err := p.Alloc(owner(t, dir, "new")); err != ErrExhausted {
+		t.Fatalf("reclaimed block %d (%v) while uid %d runs", got, err, base+5)
+	}
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+	if got, err := p.Alloc(owner(t, dir, "new2")); err != nil || got != base {
+		t.Fatalf("reclaim after the process ended: %d %v", got, err)
 	}
 }
