@@ -40,6 +40,15 @@ func limitFlags(fs *flag.FlagSet, cfg *server.Config) {
 		"command output each sandbox keeps on the host, its commands together, e.g. 64M: past it the oldest output is dropped and readers get a \"dropped\" event (at least 4M)")
 }
 
+// uidFlags registers the host uid pool's settings, the same on space server
+// and space node.
+func uidFlags(fs *flag.FlagSet, cfg *server.Config) {
+	fs.StringVar(&cfg.UIDPool, "uid-pool", "",
+		"host uid/gid pool START:COUNT (multiples of 65536) from which each namespace and gvisor sandbox gets its own block of 65536 ids (default 16777216:1073741824; off: every sandbox shares --uid-base's range, as before)")
+	fs.StringVar(&cfg.UIDPoolDir, "uid-pool-dir", "",
+		"registry of the pool's blocks in use, shared by every SPACE node on the host (default /run/space/uid-pool)")
+}
+
 // portFlags registers port forwarding's settings, the same on space server
 // and space node.
 func portFlags(fs *flag.FlagSet, cfg *server.Config) {

@@ -57,6 +57,7 @@ func runServer(args []string) error {
 	builtins := fs.String("builtins", strings.Join(cfg.Builtins, ","), "builtin templates to build at start if missing (minimal,base)")
 	limitFlags(fs, &cfg)
 	portFlags(fs, &cfg)
+	uidFlags(fs, &cfg)
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", cfg.DefaultTimeout, "sandbox timeout when a create request names none (0 = none)")
 	fs.DurationVar(&cfg.SessionTTL, "session-ttl", cfg.SessionTTL, "lifetime of data-plane session tokens")
 	eg := egressFlags(fs)

@@ -341,6 +341,9 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg, err = withDisks(cfg); err != nil {
 		return nil, err
 	}
+	if cfg, err = withUIDPool(cfg); err != nil {
+		return nil, err
+	}
 	drv, _, err := pickDataDirDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err

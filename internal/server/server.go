@@ -42,6 +42,7 @@ import (
 	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 	"github.com/space-sandbox/space/internal/template"
+	"github.com/space-sandbox/space/internal/uidpool"
 	"github.com/space-sandbox/space/internal/vmimage"
 )
 
@@ -67,7 +68,20 @@ type Config struct {
 	SessionTTL     time.Duration
 	DefaultLimits  core.Limits
 	MaxLimits      core.Limits
-	UIDBase        uint32
+	// UIDBase.. (65536 ids) are the host ids templates' files are stored
+	// with, and the ids every sandbox ran under before UIDPool.
+	UIDBase uint32
+	// UIDPool is "START:COUNT", the host ids (blocks of 65536) sandboxes
+	// of the namespace and gvisor drivers each get their own block of;
+	// "" is uidpool's default (16777216:1073741824); "off" keeps every
+	// sandbox on UIDBase.. as before.
+	UIDPool string
+	// UIDPoolDir is the pool's allocation registry (default
+	// /run/space/uid-pool), shared by every node of the host so none hands
+	// out another's block.
+	UIDPoolDir string
+	// uidPool is UIDPool opened (nil when off).
+	uidPool *uidpool.Pool
 	// Egress, if set, gives every sandbox a network behind the egress
 	// gateway; nil keeps sandboxes without any network.
 	Egress *EgressConfig
@@ -288,6 +302,7 @@ func newNamespace(cfg Config, logf func(string, ...any), network *egress.Network
 		AgentPath:     cfg.AgentPath,
 		UIDBase:       cfg.UIDBase,
 		UIDCount:      65536,
+		Pool:          cfg.uidPool,
 		DefaultLimits: driverDefaults(cfg),
 		Disks:         cfg.disks,
 		Network:       hook,
@@ -355,6 +370,7 @@ func newGvisor(cfg Config, logf func(string, ...any), network *egress.Network, s
 		AgentPath:     cfg.AgentPath,
 		UIDBase:       cfg.UIDBase,
 		UIDCount:      65536,
+		Pool:          cfg.uidPool,
 		DefaultLimits: driverDefaults(cfg),
 		Disks:         cfg.disks,
 		Logf:          logf,
@@ -500,6 +516,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		logRanges(cfg.Logf, s.net)
 	}
 	if cfg, err = withDisks(cfg); err != nil {
+		return nil, err
+	}
+	if cfg, err = withUIDPool(cfg); err != nil {
 		return nil, err
 	}
 	drv, driverReason, err := pickDataDirDriver(cfg, cfg.Logf, s.net)

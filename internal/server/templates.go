@@ -561,7 +561,7 @@ type stepRunner struct {
 	timeout time.Duration
 }
 
-func (r *stepRunner) RunStep(ctx context.Context, rootfs string, spec template.RunSpec, out io.Writer, capture func(string) error) (int, error) {
+func (r *stepRunner) RunStep(ctx context.Context, rootfs string, spec template.RunSpec, out io.Writer, capture func(string, uint32) error) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	inst, err := r.drv.Create(ctx, driver.Spec{ID: core.NewID("bld-"), Hostname: "build", RootfsDir: rootfs, Limits: r.limits})
@@ -622,7 +622,7 @@ func (r *stepRunner) RunStep(ctx context.Context, rootfs string, spec template.R
 	if err != nil {
 		return -1, err
 	}
-	return 0, capture(layer.Dir)
+	return 0, capture(layer.Dir, layer.UIDBase)
 }
 
 // follow copies a command's output to out until it exits.

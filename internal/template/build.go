@@ -42,10 +42,12 @@ type StepRunner interface {
 	// spec in it with its output written to out, and after the command
 	// exited, with every process of the sandbox stopped, calls capture with
 	// the sandbox's writable layer directory (an overlay upper dir whose
-	// files carry host ids). The sandbox is removed before RunStep returns.
+	// files carry host ids) and the host id of the sandbox's root (its own
+	// uid block, or the template range where sandboxes share it). The
+	// sandbox is removed before RunStep returns.
 	// A non-zero exit is returned as exit with a nil error, and capture is
 	// then not called.
-	RunStep(ctx context.Context, rootfs string, spec RunSpec, out io.Writer, capture func(layerDir string) error) (exit int, err error)
+	RunStep(ctx context.Context, rootfs string, spec RunSpec, out io.Writer, capture func(layerDir string, uidBase uint32) error) (exit int, err error)
 }
 
 // BuildfileRequest asks for a template built from a build file.
@@ -492,8 +494,8 @@ func (m *Manager) buildStep(ctx context.Context, pl *plan, parent string, in Ins
 		}
 		spec := RunSpec{Argv: in.Argv, Shell: in.Shell, Env: cfg.Env, Cwd: cfg.Cwd, User: cfg.User}
 		var applied bool
-		code, err := runner.RunStep(ctx, parentDir, spec, out, func(layerDir string) error {
-			_, err := applyUpper(ctx, layerDir, dst, m.limits(), m.opts.UIDBase, m.opts.UIDCount)
+		code, err := runner.RunStep(ctx, parentDir, spec, out, func(layerDir string, layerBase uint32) error {
+			_, err := applyUpper(ctx, layerDir, dst, m.limits(), layerBase, m.opts.UIDBase, m.opts.UIDCount)
 			applied = err == nil
 			return err
 		})

@@ -299,9 +299,12 @@ func TestApplyUpper(t *testing.T) {
 	os.Symlink(outside, filepath.Join(dstDir, "out"))
 	os.Lchown(filepath.Join(dstDir, "out"), testBase, testBase)
 
+	// The build sandbox ran under its own uid block: the layer's owners
+	// land shifted onto the template's range.
+	const layerBase = 1 << 24
 	up := t.TempDir()
-	own := func(p string) { os.Lchown(filepath.Join(up, p), testBase+5, testBase+5) }
-	os.Chown(up, testBase, testBase)
+	own := func(p string) { os.Lchown(filepath.Join(up, p), layerBase+5, layerBase+5) }
+	os.Chown(up, layerBase, layerBase)
 	os.MkdirAll(filepath.Join(up, "data/sub"), 0o755)
 	own("data")
 	own("data/sub")
@@ -330,7 +333,7 @@ func TestApplyUpper(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dst.Close()
-	st, err := applyUpper(context.Background(), up, dst, m.limits(), testBase, 65536)
+	st, err := applyUpper(context.Background(), up, dst, m.limits(), layerBase, testBase, 65536)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +371,7 @@ func TestApplyUpper(t *testing.T) {
 	os.Mkdir(dst2, 0o755)
 	r2, _ := os.OpenRoot(dst2)
 	defer r2.Close()
-	if _, err := applyUpper(context.Background(), bad, r2, m.limits(), testBase, 65536); !errors.Is(err, ErrUnsafeInput) {
+	if _, err := applyUpper(context.Background(), bad, r2, m.limits(), testBase, testBase, 65536); !errors.Is(err, ErrUnsafeInput) {
 		t.Errorf("host-root file: %v", err)
 	}
 	// A redirect xattr (renamed lower dir) is refused, not misapplied.
@@ -376,7 +379,7 @@ func TestApplyUpper(t *testing.T) {
 	os.Mkdir(filepath.Join(red, "d"), 0o755)
 	os.Lchown(filepath.Join(red, "d"), testBase, testBase)
 	unix.Setxattr(filepath.Join(red, "d"), "trusted.overlay.redirect", []byte("/x"), 0)
-	if _, err := applyUpper(context.Background(), red, r2, m.limits(), testBase, 65536); !errors.Is(err, ErrUnsupported) {
+	if _, err := applyUpper(context.Background(), red, r2, m.limits(), testBase, testBase, 65536); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("redirect: %v", err)
 	}
 }

@@ -94,8 +94,10 @@ type upperStats struct {
 // remove, opaque directories replace, everything else is added or
 // replaces. The upper dir was written by untrusted code: it is read only
 // through an os.Root, never by following a link, owners must lie in the
-// sandbox's uid range, and the totals are bounded like any template input.
-func applyUpper(ctx context.Context, upper string, dst *os.Root, lim extractLimits, uidBase, uidCount uint32) (upperStats, error) {
+// sandbox's uid range (layerBase.., its own block), and the totals are
+// bounded like any template input. Owners are shifted onto the tree's
+// range (treeBase..), the ids templates are stored with.
+func applyUpper(ctx context.Context, upper string, dst *os.Root, lim extractLimits, layerBase, treeBase, uidCount uint32) (upperStats, error) {
 	var s upperStats
 	src, err := os.OpenRoot(upper)
 	if err != nil {
@@ -137,9 +139,12 @@ func applyUpper(ctx context.Context, upper string, dst *os.Root, lim extractLimi
 				s.removed++
 				continue
 			}
-			if st.Uid < uidBase || st.Uid-uidBase >= uidCount || st.Gid < uidBase || st.Gid-uidBase >= uidCount {
+			if st.Uid < layerBase || st.Uid-layerBase >= uidCount || st.Gid < layerBase || st.Gid-layerBase >= uidCount {
 				return fmt.Errorf("%w: %s is owned by host %d:%d, outside the sandbox range", ErrUnsafeInput, name, st.Uid, st.Gid)
 			}
+			shifted := *st
+			shifted.Uid, shifted.Gid = st.Uid-layerBase+treeBase, st.Gid-layerBase+treeBase
+			st = &shifted
 			switch {
 			case fi.IsDir():
 				if err := applyDir(src, dst, name, st); err != nil {

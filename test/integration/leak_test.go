@@ -12,7 +12,7 @@ import (
 )
 
 // leaks lists what sandboxes left on the host: mounts, cgroups, processes
-// in the sandbox uid range, state files and sockets.
+// of sandbox uids in this server's cgroups, state files and sockets.
 func (e *env) leaks() []string {
 	var out []string
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
@@ -51,8 +51,10 @@ func (e *env) leaks() []string {
 				uid, _ := strconv.Atoi(strings.Fields(line)[1])
 				cg, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cgroup"))
 				// Only this server's sandboxes: other servers may run on the
-				// host at the same time (their cgroup base differs).
-				if uid >= 100000 && uid < 165536 && strings.Contains(string(cg), "/"+e.CgroupBase()+"/") {
+				// host at the same time (their cgroup base differs). Each
+				// sandbox has its own uid block of the pool; those made
+				// with the pool off share 100000..165535.
+				if uid >= 100000 && strings.Contains(string(cg), "/"+e.CgroupBase()+"/") {
 					cmd, _ := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
 					out = append(out, fmt.Sprintf("process %s uid %d: %q", d.Name(), uid, cmd))
 				}
@@ -175,8 +177,8 @@ func TestCrashRestart(t *testing.T) {
 }
 
 // killSandboxProcesses kills every host process of this server's
-// sandboxes: those in the sandbox uid range and in its own cgroup base.
-// Never by uid range alone: another server's sandboxes on the same host
+// sandboxes: those of sandbox uids in its own cgroup base. Never by uid
+// alone: with the pool off, another server's sandboxes on the same host
 // share the range (they all died at once when this helper did that).
 func (e *env) killSandboxProcesses() {
 	for _, l := range e.leaks() {

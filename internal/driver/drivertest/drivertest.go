@@ -16,9 +16,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -744,7 +747,7 @@ func checkpointRestore(t *testing.T, env Env, d driver.Driver, dir string, inst 
 	spec := driver.Spec{ID: newID, Hostname: "box-" + newID, RootfsDir: env.Rootfs}
 	if li, ok := driver.As[driver.LayerInstance](inst); ok {
 		// The node stores the layer of the checkpointed moment; here a copy
-		// (same driver, same uid range) stands in for the snapshot store.
+		// stands in for the snapshot store.
 		l, err := li.WritableLayer()
 		if err != nil {
 			t.Fatal(err)
@@ -753,12 +756,7 @@ func checkpointRestore(t *testing.T, env Env, d driver.Driver, dir string, inst 
 		if out, err := exec.Command("cp", "-a", l.Dir+"/.", saved).CombinedOutput(); err != nil {
 			t.Fatalf("copy layer: %v %s", err, out)
 		}
-		spec.InitLayer = func(ctx context.Context, dst driver.Layer) error {
-			if out, err := exec.CommandContext(ctx, "cp", "-a", saved+"/.", dst.Dir).CombinedOutput(); err != nil {
-				return fmt.Errorf("copy layer: %w: %s", err, out)
-			}
-			return nil
-		}
+		spec.InitLayer = CopyLayer(saved, l.UIDBase)
 	}
 	if p, ok := driver.As[driver.Pauser](inst); ok {
 		if err := p.Resume(testCtx(t)); err != nil {
@@ -787,4 +785,42 @@ func checkpointRestore(t *testing.T, env Env, d driver.Driver, dir string, inst 
 		t.Fatalf("destroy restored: %v", err)
 	}
 	assertGone(t, env, dir, newID)
+}
+
+// CopyLayer returns a Spec.InitLayer that copies a saved writable layer
+// (cp -a) whose files carry host ids srcBase.. and shifts them onto the
+// new sandbox's range, as a snapshot restore does: a restored sandbox
+// may run under another uid block than its source.
+func CopyLayer(saved string, srcBase uint32) func(ctx context.Context, dst driver.Layer) error {
+	return func(ctx context.Context, dst driver.Layer) error {
+		if out, err := exec.CommandContext(ctx, "cp", "-a", saved+"/.", dst.Dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("copy layer: %w: %s", err, out)
+		}
+		if srcBase == dst.UIDBase {
+			return nil
+		}
+		shift := func(id uint32) int {
+			if id >= srcBase && id-srcBase < dst.UIDCount {
+				return int(id - srcBase + dst.UIDBase)
+			}
+			return int(id)
+		}
+		return filepath.Walk(dst.Dir, func(p string, fi os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			return os.Lchown(p, shift(st.Uid), shift(st.Gid))
+		})
+	}
+}
+
+// AsHostUID runs a host shell script as uid:gid uid, as a process that
+// escaped a sandbox with its ids would be, and reports whether it exited 0
+// and its output.
+func AsHostUID(ctx context.Context, uid uint32, script string) (bool, string) {
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}}
+	out, err := cmd.CombinedOutput()
+	return err == nil, string(out)
 }

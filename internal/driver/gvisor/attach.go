@@ -53,6 +53,13 @@ func (d *Driver) Attach(ctx context.Context, id string) (driver.Instance, error)
 		return nil, d.lost(ctx, id, st, fmt.Sprintf("sandbox process %d is not the one created", st.PID))
 	}
 	inst := &Instance{d: d, id: id, dir: dir, sock: filepath.Join(d.sockDir(id), sockName), st: st, group: d.cg.Open(st.Cgroups)}
+	if d.opts.Pool != nil && d.opts.Pool.Contains(inst.uidBase()) {
+		// The block stays the sandbox's; the registry re-learns it if it
+		// was emptied. A conflict is logged, never fixed by killing.
+		if err := d.opts.Pool.Adopt(inst.uidBase(), dir); err != nil {
+			d.opts.Logf("gvisor: %s: re-adopting host uid block %d: %v", id, inst.uidBase(), err)
+		}
+	}
 	if err := inst.watch(); err != nil {
 		return nil, d.lost(ctx, id, st, err.Error())
 	}

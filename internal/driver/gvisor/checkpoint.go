@@ -61,7 +61,7 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	if _, err := i.d.r.run(ctx, "checkpoint", "-leave-running", "-image-path", imageDir, i.id); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
 	}
-	return writeJSON(filepath.Join(imageDir, idMapFile), i.d.idMap())
+	return writeJSON(filepath.Join(imageDir, idMapFile), idMap{UIDBase: i.uidBase(), UIDCount: i.d.opts.UIDCount})
 }
 
 // releaseListener asks the agent to close its listening socket.
@@ -114,11 +114,11 @@ type idMap struct {
 	UIDCount uint32 `json:"uid_count"`
 }
 
-func (d *Driver) idMap() idMap { return idMap{UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount} }
-
-// restoreArgs are the runsc arguments that start a sandbox from an image.
+// restoreArgs are the runsc arguments that start a sandbox from an image
+// under host ids uidBase...
 //
-// An image captured on a node with another --uid-base carries another
+// An image captured under another range (another sandbox's uid block, or
+// a node with another --uid-base: with a uid pool, always) carries another
 // uidMappings/gidMappings in its spec, and runsc's restore refuses any
 // change there ("UIDMappings" does not match). The mapping only says
 // which host ids the sandbox's ids stand for: the Sentry, its gofer and
@@ -127,16 +127,16 @@ func (d *Driver) idMap() idMap { return idMap{UIDBase: d.opts.UIDBase, UIDCount:
 // image, of the same size, runsc validates the spec but only warns
 // (--restore-spec-validation=warning; a global flag, hence before the
 // subcommand); every other image is restored with validation enforced.
-func (d *Driver) restoreArgs(imageDir, bundle, id string) []string {
+func (d *Driver) restoreArgs(imageDir, bundle, id string, uidBase uint32) []string {
 	args := []string{"restore", "-detach", "-image-path", imageDir, "-bundle", bundle, id}
 	raw, err := os.ReadFile(filepath.Join(imageDir, idMapFile))
 	if err != nil {
 		return args
 	}
 	var m idMap
-	if json.Unmarshal(raw, &m) != nil || m == d.idMap() || m.UIDCount != d.opts.UIDCount {
+	if json.Unmarshal(raw, &m) != nil || m.UIDBase == uidBase || m.UIDCount != d.opts.UIDCount {
 		return args
 	}
-	d.opts.Logf("gvisor: %s: image captured with host ids %d.. (this node: %d..): restoring it under this node's mapping", id, m.UIDBase, d.opts.UIDBase)
+	d.opts.Logf("gvisor: %s: image captured with host ids %d.., restoring it under %d..", id, m.UIDBase, uidBase)
 	return append([]string{"--restore-spec-validation=warning"}, args...)
 }

@@ -15,17 +15,6 @@ import (
 	"github.com/space-sandbox/space/internal/driver/drivertest"
 )
 
-// copyLayer copies a writable layer (ownership and all) with cp -a.
-func copyLayer(src string) func(ctx context.Context, l driver.Layer) error {
-	return func(ctx context.Context, l driver.Layer) error {
-		out, err := exec.CommandContext(ctx, "cp", "-a", src+"/.", l.Dir+"/").CombinedOutput()
-		if err != nil {
-			return &os.PathError{Op: "cp " + strings.TrimSpace(string(out)), Path: src, Err: err}
-		}
-		return nil
-	}
-}
-
 func counter(t *testing.T, inst driver.Instance) int {
 	t.Helper()
 	n, err := strconv.Atoi(drivertest.MustSh(t, inst, "tail -n 1 /root/count"))
@@ -92,7 +81,7 @@ func TestCheckpointRestore(t *testing.T) {
 	d2 := newDriver(t, d.opts) // as after a node restart
 	for _, id := range []string{"ck-restored", "ck-fork"} {
 		t1 := time.Now()
-		re, err := d2.Restore(testCtx(t), driver.Spec{ID: id, RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 256 << 20}, InitLayer: copyLayer(saved)}, img)
+		re, err := d2.Restore(testCtx(t), driver.Spec{ID: id, RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 256 << 20}, InitLayer: drivertest.CopyLayer(saved, layer.UIDBase)}, img)
 		if err != nil {
 			t.Fatalf("restore %s: %v", id, err)
 		}
@@ -151,7 +140,7 @@ func BenchmarkCheckpointRestore(b *testing.B) {
 				size = dirSize(img)
 				b.StartTimer()
 				t1 := time.Now()
-				re, err := d.Restore(testCtx(b), driver.Spec{ID: fmt.Sprintf("brs%d", i), RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 512 << 20}, InitLayer: copyLayer(saved)}, img)
+				re, err := d.Restore(testCtx(b), driver.Spec{ID: fmt.Sprintf("brs%d", i), RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 512 << 20}, InitLayer: drivertest.CopyLayer(saved, layer.UIDBase)}, img)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -57,6 +57,8 @@ import (
 	"github.com/space-sandbox/space/internal/consolelog"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/idmap"
+	"github.com/space-sandbox/space/internal/uidpool"
 	"golang.org/x/sys/unix"
 )
 
@@ -99,8 +101,15 @@ type Options struct {
 	AgentArgs []string
 	// Env is the agent's environment; default PATH and HOME.
 	Env []string
-	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map to.
+	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map
+	// to without a Pool, and the ids templates' files are stored with.
 	UIDBase, UIDCount uint32
+	// Pool, if set, gives each sandbox its own block of host ids (runsc's
+	// user namespace mapping, its layer, disk and socket dir) and shows it
+	// the template through an idmapped mount onto that block, the lower
+	// layer of its host overlay. Without it every sandbox shares UIDBase..
+	// (the old layout, which sandboxes created before keep).
+	Pool *uidpool.Pool
 	// DefaultLimits fill in zero fields of a spec's limits.
 	DefaultLimits driver.Limits
 	// Disks, if set, gives each sandbox with a disk limit (the spec's or
@@ -135,6 +144,9 @@ type Driver struct {
 	r       *runsc
 	cg      *cgroups.Manager
 	version string
+	// idmaps holds a user namespace per pool block for the template's
+	// idmapped mounts; nil without a Pool.
+	idmaps *idmap.Cache
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -180,6 +192,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	if opts.UIDCount == 0 {
 		opts.UIDCount = DefaultUIDCount
+	}
+	if opts.Pool != nil && (opts.UIDCount != uidpool.BlockSize || opts.Pool.Overlaps(opts.UIDBase, opts.UIDCount)) {
+		return nil, fmt.Errorf("gvisor: uid pool %s must not overlap the template range %d+%d, and sandboxes must have %d ids", opts.Pool, opts.UIDBase, opts.UIDCount, uidpool.BlockSize)
 	}
 	if opts.CgroupBase == "" {
 		opts.CgroupBase = "space-gvisor"
@@ -229,6 +244,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 			platform: opts.Platform,
 			debug:    opts.Debug,
 		},
+	}
+	if opts.Pool != nil {
+		d.idmaps = idmap.NewCache()
 	}
 	opts.Logf("gvisor driver: %s (%s), platform %s, cgroups %s", opts.Runsc, version, opts.Platform, cg)
 	return d, nil
@@ -354,6 +372,16 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	if err := os.Chmod(dir, 0o711); err != nil { // umask
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	// The sandbox's host ids: its own block (owned by dir, which exists
+	// from here until teardown), else the shared range.
+	uidBase := d.opts.UIDBase
+	if d.opts.Pool != nil {
+		if uidBase, err = d.opts.Pool.Alloc(dir); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+		b := uidBase
+		undo.push(func() { _ = d.opts.Pool.Free(b, dir) })
+	}
 	if err := os.Mkdir(sdir, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
@@ -383,14 +411,14 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	// The sandbox's root (host UIDBase) owns its layer and socket dir.
+	// The sandbox's root (host uidBase) owns its layer and socket dir.
 	for _, p := range []string{upper, work, sdir} {
-		if err := os.Lchown(p, int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
+		if err := os.Lchown(p, int(uidBase), int(uidBase)); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
 	if spec.InitLayer != nil {
-		if err := spec.InitLayer(ctx, driver.Layer{Dir: upper, UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: upper, UIDBase: uidBase, UIDCount: d.opts.UIDCount}); err != nil {
 			return nil, fmt.Errorf("gvisor: init layer: %w", err)
 		}
 	}
@@ -398,11 +426,27 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	// 2. The writable layer: host overlayfs over the template.
 	var timing driver.Timing
 	tov := time.Now()
-	data := "lowerdir=" + rootfs + ",upperdir=" + upper + ",workdir=" + work
+	lower := rootfs
+	if uidBase != d.opts.UIDBase {
+		// The template through an idmapped mount onto the sandbox's block.
+		// Overlayfs keeps a private clone of each layer, so the host's
+		// copy is detached once the overlay stands.
+		lower = filepath.Join(dir, "lower")
+		if err := d.mountLower(rootfs, lower, uidBase); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+		undo.push(func() { _ = unix.Unmount(lower, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) })
+	}
+	data := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
 	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NODEV, data); err != nil {
 		return nil, fmt.Errorf("gvisor: mount overlay: %w", err)
 	}
 	undo.push(func() { _ = unmountAll(dir) })
+	if lower != rootfs {
+		if err := unix.Unmount(lower, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			return nil, fmt.Errorf("gvisor: detach idmapped template: %w", err)
+		}
+	}
 	timing.Overlay = diskTook + time.Since(tov)
 
 	// 3. Network namespace, if any: made and wired before runsc starts, so
@@ -424,7 +468,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 
 	// 4. The bundle.
 	lim := d.limits(spec.Limits)
-	cfg := d.ociSpec(id, hostname, merged, sdir, netnsPath, lim)
+	cfg := d.ociSpec(id, hostname, merged, sdir, netnsPath, uidBase, lim)
 	if err := writeJSON(filepath.Join(dir, "config.json"), cfg); err != nil {
 		return nil, err
 	}
@@ -435,6 +479,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 		Cgroups:  d.cg.Paths(id),
 		Created:  time.Now().UTC().Format(time.RFC3339Nano),
 		Platform: d.opts.Platform,
+		UIDBase:  uidBase,
 	}
 	if err := writeState(dir, st); err != nil {
 		return nil, err
@@ -452,7 +497,7 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	})
 	args := []string{"run", "-detach", "-bundle", dir, id}
 	if imageDir != "" {
-		args = d.restoreArgs(imageDir, dir, id)
+		args = d.restoreArgs(imageDir, dir, id, uidBase)
 	}
 	if err := d.start(ctx, id, dir, network, args...); err != nil {
 		return nil, err
@@ -698,4 +743,10 @@ func (d *Driver) SelfTest(ctx context.Context) error {
 		return fmt.Errorf("gvisor: self-test: %w", err)
 	}
 	return nil
+}
+
+// mountLower attaches the template at dst as the sandbox with host ids
+// uidBase.. sees it: its files, stored as UIDBase.., owned by uidBase...
+func (d *Driver) mountLower(rootfs, dst string, uidBase uint32) error {
+	return d.idmaps.MountAt(rootfs, dst, idmap.Mapping{From: d.opts.UIDBase, To: uidBase, Count: d.opts.UIDCount})
 }

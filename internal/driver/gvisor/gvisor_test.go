@@ -44,8 +44,8 @@ func TestIsolation(t *testing.T) {
 	if st, err = os.Lstat(filepath.Join(layer.Dir, "root/f")); err != nil {
 		t.Fatal(err)
 	}
-	if uid := fileUID(st); uid != DefaultUIDBase {
-		t.Errorf("file written by sandbox root has host uid %d, want %d", uid, DefaultUIDBase)
+	if uid := fileUID(st); uid != layer.UIDBase || !d.opts.Pool.Contains(uid) {
+		t.Errorf("file written by sandbox root has host uid %d, want its pool block %d", uid, layer.UIDBase)
 	}
 	// A symlink planted where the host dials must not be followed.
 	drivertest.MustSh(t, inst, "ln -s /proc/self/fd/0 /.space/run/evil; ls /.space/run")

@@ -109,7 +109,16 @@ func (i *Instance) Timing() driver.Timing { return i.timing }
 // WritableLayer implements driver.LayerInstance: the host overlay's upper
 // dir. Read it only while the sandbox is paused.
 func (i *Instance) WritableLayer() (driver.Layer, error) {
-	return driver.Layer{Dir: upperDir(i.dir), UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount}, nil
+	return driver.Layer{Dir: upperDir(i.dir), UIDBase: i.uidBase(), UIDCount: i.d.opts.UIDCount}, nil
+}
+
+// uidBase is the sandbox's first host id: its own block, or the shared
+// range for sandboxes made before per-sandbox ranges.
+func (i *Instance) uidBase() uint32 {
+	if i.st.UIDBase != 0 {
+		return i.st.UIDBase
+	}
+	return i.d.opts.UIDBase
 }
 
 // Pause implements driver.Pauser (runsc pause). Idempotent.
@@ -207,6 +216,12 @@ func (d *Driver) teardown(ctx context.Context, id string, st state) error {
 	}
 	for _, p := range []string{d.sockDir(id), dir} {
 		if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	// Its uid block, once nothing of the sandbox is left.
+	if len(errs) == 0 && d.opts.Pool != nil && d.opts.Pool.Contains(st.UIDBase) {
+		if err := d.opts.Pool.Free(st.UIDBase, dir); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/uidpool"
 )
 
 // Built once by TestMain when running as root with runsc available.
@@ -124,9 +125,16 @@ func requireRunsc(t testing.TB) {
 
 // testOptions returns options over dir; the cgroup base is unique to the
 // test process so a running node or another test never sees our groups.
+// Sandboxes get their own uid blocks from the host-wide registry shared
+// with every node and test run on this host.
 func testOptions(t testing.TB, dir string) Options {
 	t.Helper()
+	pool, err := uidpool.Open(uidpool.DefaultDir, uidpool.DefaultStart, uidpool.DefaultCount)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return Options{
+		Pool:       pool,
 		Runsc:      runscPath,
 		StateDir:   filepath.Join(dir, "state"),
 		RunDir:     filepath.Join(dir, "run"),

@@ -253,7 +253,7 @@ func TestNetworkCheckpointRestore(t *testing.T) {
 	}
 	n.m.Release("ckn")
 	vethGone(t, n.link("ckn"))
-	re, err := d.Restore(testCtx(t), driver.Spec{ID: "ckn-re", RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 256 << 20}, InitLayer: copyLayer(saved)}, img)
+	re, err := d.Restore(testCtx(t), driver.Spec{ID: "ckn-re", RootfsDir: rootfs, Limits: driver.Limits{MemoryBytes: 256 << 20}, InitLayer: drivertest.CopyLayer(saved, layer.UIDBase)}, img)
 	if err != nil {
 		t.Fatal(err)
 	}

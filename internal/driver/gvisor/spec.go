@@ -95,12 +95,12 @@ var caps = []string{
 const cfsPeriod = 100000 // µs
 
 // ociSpec builds the container's spec.
-func (d *Driver) ociSpec(id, hostname, rootfs, sockDir, netns string, l cgroups.Limits) ociSpec {
+func (d *Driver) ociSpec(id, hostname, rootfs, sockDir, netns string, uidBase uint32, l cgroups.Limits) ociSpec {
 	netNS := ociNamespace{Type: "network"}
 	if netns != "" {
 		netNS.Path = netns
 	}
-	idMap := []ociIDMap{{ContainerID: 0, HostID: d.opts.UIDBase, Size: d.opts.UIDCount}}
+	idMap := []ociIDMap{{ContainerID: 0, HostID: uidBase, Size: d.opts.UIDCount}}
 	var res ociResources
 	if l.MemoryBytes > 0 {
 		m := l.MemoryBytes
@@ -177,6 +177,9 @@ type state struct {
 	Platform  string        `json:"platform"`
 	Cgroups   cgroups.Paths `json:"cgroups"`
 	Created   string        `json:"created"`
+	// UIDBase is the sandbox's first host id; 0 in sandboxes made before
+	// per-sandbox ranges, which run under the driver's UIDBase.
+	UIDBase uint32 `json:"uid_base,omitempty"`
 }
 
 func writeState(dir string, st state) error {

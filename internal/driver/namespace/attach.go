@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,12 +57,21 @@ func (d *Driver) Attach(ctx context.Context, id string) (driver.Instance, error)
 		return nil, d.lost(ctx, id, proc, fmt.Sprintf("agent socket does not answer: %v", err))
 	}
 	_ = c.Close()
+	uidBase := cmp.Or(st.UIDBase, d.opts.UIDBase)
+	if d.opts.Pool != nil && d.opts.Pool.Contains(uidBase) {
+		// The block stays the sandbox's; the registry re-learns it if it
+		// was emptied. A conflict is logged, never fixed by killing.
+		if err := d.opts.Pool.Adopt(uidBase, dir); err != nil {
+			d.opts.Logf("namespace: %s: re-adopting host uid block %d: %v", id, uidBase, err)
+		}
+	}
 	return &Instance{
-		d:      d,
-		id:     id,
-		sock:   sock,
-		groups: []*cgroups.Group{d.cg.Open(st.Cgroups)},
-		proc:   proc,
+		d:       d,
+		id:      id,
+		sock:    sock,
+		groups:  []*cgroups.Group{d.cg.Open(st.Cgroups)},
+		proc:    proc,
+		uidBase: uidBase,
 	}, nil
 }
 
@@ -90,6 +100,7 @@ func (d *Driver) hasLeftovers(id string) bool {
 func (d *Driver) removeLeftovers(ctx context.Context, id string, proc *process) error {
 	groups := []*cgroups.Group{d.cg.Open(d.cg.Paths(id))}
 	socks := []string{d.sockPath(id)}
+	var uidBase uint32
 	if st, err := readState(d.sandboxDir(id)); err == nil && st.ID == id {
 		// The node may have run in another cgroup when it made this one.
 		if d.cg.Validate(st.Cgroups, id) == nil && !slices.Equal(st.Cgroups.Dirs, groups[0].Paths().Dirs) {
@@ -101,8 +112,9 @@ func (d *Driver) removeLeftovers(ctx context.Context, id string, proc *process) 
 		if proc == nil {
 			proc, _ = openVerified(st.PID, st.StartTime, st.PidNS)
 		}
+		uidBase = st.UIDBase
 	}
-	return d.teardown(ctx, id, proc, groups, socks)
+	return d.teardown(ctx, id, proc, groups, socks, uidBase)
 }
 
 // Sweep implements driver.Driver: it removes every sandbox found on disk,

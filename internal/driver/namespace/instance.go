@@ -23,6 +23,8 @@ type Instance struct {
 	groups []*cgroups.Group // [0] is the live group; more only during cleanup
 	proc   *process
 	timing driver.Timing
+	// uidBase is the sandbox's first host id.
+	uidBase uint32
 
 	mu        sync.Mutex
 	destroyed bool
@@ -79,7 +81,7 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	if i.destroyed {
 		return nil
 	}
-	if err := i.d.teardown(ctx, i.id, i.proc, i.groups, []string{i.sock}); err != nil {
+	if err := i.d.teardown(ctx, i.id, i.proc, i.groups, []string{i.sock}, i.uidBase); err != nil {
 		return err
 	}
 	i.destroyed = true
@@ -88,8 +90,9 @@ func (i *Instance) Destroy(ctx context.Context) error {
 
 // teardown kills a sandbox and removes everything it had on the host. proc
 // may be nil (nothing verified to kill); every step tolerates what is
-// already gone, so it can be repeated.
-func (d *Driver) teardown(ctx context.Context, id string, proc *process, groups []*cgroups.Group, socks []string) error {
+// already gone, so it can be repeated. uidBase's pool block, if it is one,
+// is freed once nothing of the sandbox is left.
+func (d *Driver) teardown(ctx context.Context, id string, proc *process, groups []*cgroups.Group, socks []string, uidBase uint32) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, defaultDestroyWait)
@@ -130,9 +133,14 @@ func (d *Driver) teardown(ctx context.Context, id string, proc *process, groups 
 	if err := diskquota.Remove(filepath.Join(dir, diskImage), filepath.Join(dir, diskMount)); err != nil {
 		return fmt.Errorf("namespace: destroy %s: %w", id, err)
 	}
+	unmountLower(dir)
 	// upper/ holds files of the sandbox's uids; host root removes them all.
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
+	} else if d.opts.Pool != nil && d.opts.Pool.Contains(uidBase) {
+		if err := d.opts.Pool.Free(uidBase, dir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("namespace: destroy %s: %w", id, errors.Join(errs...))

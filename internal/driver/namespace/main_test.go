@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/agent/client"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/uidpool"
+	"golang.org/x/sys/unix"
 )
 
 // Built once by TestMain when running as root.
@@ -39,15 +42,26 @@ const nodeHelperEnv = "NSDRV_NODE_HELPER"
 type nodeHelperSpec struct {
 	StateDir, RunDir, AgentPath, CgroupBase string
 	ID, Rootfs                              string
+	Pool                                    bool
 }
 
 func nodeHelper(spec string) int {
-	var hs nodeHelperSpec
+	var (
+		hs  nodeHelperSpec
+		err error
+	)
 	if err := json.Unmarshal([]byte(spec), &hs); err != nil {
 		fmt.Println("ERR", err)
 		return 1
 	}
-	d, err := New(Options{StateDir: hs.StateDir, RunDir: hs.RunDir, AgentPath: hs.AgentPath, CgroupBase: hs.CgroupBase})
+	opts := Options{StateDir: hs.StateDir, RunDir: hs.RunDir, AgentPath: hs.AgentPath, CgroupBase: hs.CgroupBase}
+	if hs.Pool {
+		if opts.Pool, err = openTestPool(); err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+	}
+	d, err := New(opts)
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1
@@ -61,8 +75,37 @@ func nodeHelper(spec string) int {
 	select {}
 }
 
+// sharedRootEnv makes the test binary a child that runs its tests in a
+// mount namespace of its own whose root is shared, as on a systemd host
+// (this one's is private); the value is the parent's initbin, rootfs and
+// mount namespace, newline-separated.
+const sharedRootEnv = "NSDRV_SHARED_ROOT"
+
+func enterSharedRoot(v string) error {
+	f := strings.Split(v, "\n")
+	if len(f) != 3 {
+		return fmt.Errorf("bad %s", sharedRootEnv)
+	}
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	if self == f[2] {
+		return errors.New("refusing to make the host's root shared: not in a mount namespace of our own")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make / shared: %w", err)
+	}
+	initBin, rootfs = f[0], f[1]
+	return nil
+}
+
 func run(m *testing.M) int {
 	if os.Geteuid() != 0 {
+		return m.Run()
+	}
+	if v := os.Getenv(sharedRootEnv); v != "" {
+		setupErr = enterSharedRoot(v)
 		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "nsdrv-")
@@ -149,16 +192,28 @@ func requireSandbox(t testing.TB) {
 
 // testOptions returns options over fresh dirs; the cgroup base is unique to
 // the test so a concurrent node or test never sees (or sweeps) our groups.
+// Sandboxes get their own uid blocks from the host-wide registry, shared
+// with every node and test run on this host, so none of them can be
+// handed a block of ours.
 func testOptions(t testing.TB) Options {
 	t.Helper()
 	base := t.TempDir()
+	pool, err := openTestPool()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return Options{
 		StateDir:   filepath.Join(base, "state"),
 		RunDir:     filepath.Join(base, "run"),
 		AgentPath:  initBin,
 		CgroupBase: fmt.Sprintf("space-test-%d", os.Getpid()),
+		Pool:       pool,
 		Logf:       t.Logf,
 	}
+}
+
+func openTestPool() (*uidpool.Pool, error) {
+	return uidpool.Open(uidpool.DefaultDir, uidpool.DefaultStart, uidpool.DefaultCount)
 }
 
 func newDriver(t testing.TB, opts Options) *Driver {

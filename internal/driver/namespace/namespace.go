@@ -30,7 +30,9 @@ import (
 	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/idmap"
 	"github.com/space-sandbox/space/internal/sandboxinit"
+	"github.com/space-sandbox/space/internal/uidpool"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,8 +74,15 @@ type Options struct {
 	AgentArgs []string
 	// Env is the agent's environment; default PATH and HOME.
 	Env []string
-	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map to.
+	// UIDBase and UIDCount are the host uid/gid range sandbox ids 0.. map
+	// to without a Pool, and the ids templates' files are stored with.
 	UIDBase, UIDCount uint32
+	// Pool, if set, gives each sandbox its own block of host ids: its
+	// processes, writable layer and disk run under that block, and it sees
+	// the template (stored as UIDBase..) through an idmapped mount onto
+	// it. Without it every sandbox shares UIDBase.. (the old layout, which
+	// sandboxes created before a Pool was configured keep).
+	Pool *uidpool.Pool
 	// DefaultLimits fill in zero fields of a spec's limits.
 	DefaultLimits driver.Limits
 	// Disks, if set, gives each sandbox with a disk limit (the spec's or
@@ -105,6 +114,9 @@ type Driver struct {
 	// inside show "/memfd:space-agent (deleted)" rather than a host path;
 	// nil where memfds cannot be exec'd (then AgentPath itself is run).
 	agent *os.File
+	// idmaps holds a user namespace per pool block for the template's
+	// idmapped mounts; nil without a Pool.
+	idmaps *idmap.Cache
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -136,6 +148,9 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.UIDCount == 0 {
 		opts.UIDCount = DefaultUIDCount
+	}
+	if opts.Pool != nil && (opts.UIDCount != uidpool.BlockSize || opts.Pool.Overlaps(opts.UIDBase, opts.UIDCount)) {
+		return nil, fmt.Errorf("namespace: uid pool %s must not overlap the template range %d+%d, and sandboxes must have %d ids", opts.Pool, opts.UIDBase, opts.UIDCount, uidpool.BlockSize)
 	}
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = defaultReadyTimeout
@@ -179,7 +194,11 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		opts.Logf("namespace: sandboxes run the agent from %s (no memfd copy: %v)", opts.AgentPath, err)
 	}
-	return &Driver{opts: opts, cg: cg, agent: agent}, nil
+	d := &Driver{opts: opts, cg: cg, agent: agent}
+	if opts.Pool != nil {
+		d.idmaps = idmap.NewCache()
+	}
+	return d, nil
 }
 
 // agentMemfd copies the agent binary into a sealed memfd and returns it
@@ -337,6 +356,16 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if err := os.Chmod(dir, 0o711); err != nil { // umask
 		return nil, fmt.Errorf("namespace: %w", err)
 	}
+	// The sandbox's host ids: its own block (owned by dir, which exists
+	// from here until teardown), else the shared range.
+	uidBase := d.opts.UIDBase
+	if d.opts.Pool != nil {
+		if uidBase, err = d.opts.Pool.Alloc(dir); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+		b := uidBase
+		undo.push(func() { _ = d.opts.Pool.Free(b, dir) })
+	}
 	// With a disk limit, upper and work live on the sandbox's own
 	// filesystem of that size (still named relative to dir).
 	var diskTook time.Duration
@@ -360,18 +389,29 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
 	}
-	if err := os.Symlink(rootfs, hostPath(cfg.Rootfs)); err != nil {
+	idmapped := uidBase != d.opts.UIDBase
+	if idmapped {
+		// The template through an idmapped mount onto the sandbox's block.
+		// The child's mount namespace copies it at clone; the host's copy
+		// is detached once the sandbox is ready: init makes its mounts
+		// private first thing, and until then a host unmount could
+		// propagate into its copy (a shared host root makes it a slave).
+		if err := d.mountLower(rootfs, hostPath(cfg.Rootfs), uidBase); err != nil {
+			return nil, fmt.Errorf("namespace: %w", err)
+		}
+		undo.push(func() { unmountLower(dir) })
+	} else if err := os.Symlink(rootfs, hostPath(cfg.Rootfs)); err != nil {
 		return nil, fmt.Errorf("namespace: %w", err)
 	}
 	// Overlay needs upper and work owned by the sandbox's root.
 	for _, p := range []string{cfg.Upper, cfg.Work} {
-		if err := os.Lchown(hostPath(p), int(d.opts.UIDBase), int(d.opts.UIDBase)); err != nil {
+		if err := os.Lchown(hostPath(p), int(uidBase), int(uidBase)); err != nil {
 			return nil, fmt.Errorf("namespace: %w", err)
 		}
 	}
 	// A restored layer is written while nothing of the sandbox runs yet.
 	if spec.InitLayer != nil {
-		if err := spec.InitLayer(ctx, driver.Layer{Dir: hostPath(cfg.Upper), UIDBase: d.opts.UIDBase, UIDCount: d.opts.UIDCount}); err != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: hostPath(cfg.Upper), UIDBase: uidBase, UIDCount: d.opts.UIDCount}); err != nil {
 			return nil, fmt.Errorf("namespace: init layer: %w", err)
 		}
 	}
@@ -415,7 +455,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 
 	// 3. PID 1 in new namespaces. No Pdeathsig: the sandbox must outlive
 	// a restart of the node process.
-	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(d.opts.UIDBase), Size: int(d.opts.UIDCount)}}
+	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(uidBase), Size: int(d.opts.UIDCount)}}
 	extra := []*os.File{lnFile, syncR, statW} // fds 3, 4, 5
 	path := d.opts.AgentPath
 	if d.agent != nil {
@@ -506,6 +546,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		Socket:    sock,
 		Cgroups:   d.cg.Paths(id),
 		Created:   time.Now().UTC(),
+		UIDBase:   uidBase,
 	}
 	if err := writeState(dir, st); err != nil {
 		return nil, err
@@ -567,13 +608,17 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	}
 	timing.Overlay = diskTook + it.Mounts + it.Pivot
 	timing.Network += it.Network
+	if idmapped {
+		unmountLower(dir)
+	}
 
 	inst := &Instance{
-		d:      d,
-		id:     id,
-		sock:   sock,
-		groups: []*cgroups.Group{group},
-		proc:   proc,
+		d:       d,
+		id:      id,
+		sock:    sock,
+		groups:  []*cgroups.Group{group},
+		proc:    proc,
+		uidBase: uidBase,
 	}
 	if d.opts.Probe != nil {
 		if err := d.opts.Probe(ctx, inst); err != nil {
@@ -620,4 +665,16 @@ func ensureTraversable(dir string, logf func(string, ...any)) error {
 			return nil
 		}
 	}
+}
+
+// mountLower attaches the template at dst as the sandbox with host ids
+// uidBase.. sees it: its files, stored as UIDBase.., owned by uidBase...
+func (d *Driver) mountLower(rootfs, dst string, uidBase uint32) error {
+	return d.idmaps.MountAt(rootfs, dst, idmap.Mapping{From: d.opts.UIDBase, To: uidBase, Count: d.opts.UIDCount})
+}
+
+// unmountLower detaches the host's copy of a sandbox's idmapped template,
+// if it has one (a create interrupted between mount and clone).
+func unmountLower(dir string) {
+	_ = unix.Unmount(filepath.Join(dir, "lower"), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 }

@@ -132,18 +132,21 @@ func TestCreateExecDestroy(t *testing.T) {
 		t.Errorf("fork: %q", got)
 	}
 
-	// uid 0 inside is UIDBase outside.
+	// uid 0 inside is the sandbox's own pool block outside.
+	if !d.opts.Pool.Contains(inst.uidBase) {
+		t.Errorf("sandbox runs as host %d, not a block of the pool", inst.uidBase)
+	}
 	hs := hostRead(t, fmt.Sprintf("/proc/%d/status", inst.PID()))
-	if !strings.Contains(hs, "Uid:\t100000\t100000\t100000\t100000") {
-		t.Errorf("host view of PID 1:\n%s", hs)
+	if want := fmt.Sprintf("Uid:\t%[1]d\t%[1]d\t%[1]d\t%[1]d", inst.uidBase); !strings.Contains(hs, want) {
+		t.Errorf("host view of PID 1, want %q:\n%s", want, hs)
 	}
 	// The written file landed in the upper layer, owned by the mapped root.
 	fi, err := os.Stat(filepath.Join(d.sandboxDir("sbx1"), "upper/tmp/f"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := fi.Sys().(*syscall.Stat_t); st.Uid != DefaultUIDBase {
-		t.Errorf("upper file owned by %d", st.Uid)
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != inst.uidBase {
+		t.Errorf("upper file owned by %d, want %d", st.Uid, inst.uidBase)
 	}
 
 	pid := inst.PID()
@@ -561,7 +564,7 @@ func TestSurvivesNodeKill(t *testing.T) {
 	d := newDriver(t, opts) // its cleanup sweeps the orphan if the test fails
 	spec, err := json.Marshal(nodeHelperSpec{
 		StateDir: opts.StateDir, RunDir: opts.RunDir, AgentPath: opts.AgentPath, CgroupBase: opts.CgroupBase,
-		ID: "orphan", Rootfs: rootfs,
+		ID: "orphan", Rootfs: rootfs, Pool: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -598,6 +601,14 @@ func TestSurvivesNodeKill(t *testing.T) {
 	if out := mustSh(t, inst, "echo survived"); out != "survived" {
 		t.Errorf("got %q", out)
 	}
+	// The block outlived the node in the registry and stays the sandbox's.
+	dir := d.sandboxDir("orphan")
+	if base, _ := uidMap(t, pid); uint64(inst.uidBase) != base || !d.opts.Pool.Contains(inst.uidBase) {
+		t.Errorf("re-adopted block %d, uid_map %d", inst.uidBase, base)
+	}
+	if o, _ := d.opts.Pool.Owner(inst.uidBase); o != dir {
+		t.Errorf("block %d owned by %q after the kill", inst.uidBase, o)
+	}
 	if err := inst.Destroy(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -605,6 +616,9 @@ func TestSurvivesNodeKill(t *testing.T) {
 	case <-inst.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Done not closed for a re-attached sandbox")
+	}
+	if o, _ := d.opts.Pool.Owner(inst.uidBase); o == dir {
+		t.Errorf("block %d not freed", inst.uidBase)
 	}
 	// Reaping the orphan is up to its new parent (init), so only check
 	// it is no longer running.

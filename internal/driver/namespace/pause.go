@@ -33,6 +33,6 @@ func (i *Instance) Resume(ctx context.Context) error {
 func (i *Instance) WritableLayer() (driver.Layer, error) {
 	return driver.Layer{
 		Dir:     i.d.upperDir(i.id),
-		UIDBase: i.d.opts.UIDBase, UIDCount: i.d.opts.UIDCount,
+		UIDBase: i.uidBase, UIDCount: i.d.opts.UIDCount,
 	}, nil
 }

@@ -22,6 +22,9 @@ type state struct {
 	Socket    string        `json:"socket"`
 	Cgroups   cgroups.Paths `json:"cgroups"`
 	Created   time.Time     `json:"created"`
+	// UIDBase is the sandbox's first host id; 0 in sandboxes made before
+	// per-sandbox ranges, which run under the driver's UIDBase.
+	UIDBase uint32 `json:"uid_base,omitempty"`
 }
 
 func writeState(dir string, st state) error {
