@@ -71,6 +71,9 @@ func interpreterRequest() (BuildRequest, error) {
 		Suite:    defaultSuite,
 		Packages: interpreterPackages,
 		Files:    files,
+		// Recommends would triple the tree (compilers, scipy, sympy,
+		// boost headers) and the build time.
+		NoRecommends: true,
 		Defaults: Defaults{
 			Env:   map[string]string{"PATH": defaultPath, "LANG": "C.UTF-8"},
 			Cwd:   "/home/user",

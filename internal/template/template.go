@@ -122,8 +122,11 @@ type BuildRequest struct {
 	Image    string   // registry reference, e.g. "docker.io/library/alpine:3.20" or "host:5000/app@sha256:…" (image)
 	Packages []string // extra Debian packages (debian)
 	Files    []File   // files added on top of the packages (debian)
-	Suite    string   // Debian suite (debian); default "bookworm"
-	Defaults Defaults
+	// NoRecommends leaves out the packages' Recommends (debian): a
+	// smaller tree that builds faster.
+	NoRecommends bool
+	Suite        string // Debian suite (debian); default "bookworm"
+	Defaults     Defaults
 }
 
 // Options configure a Manager. Zero values pick the defaults.

@@ -88,7 +88,7 @@ describe('@e2b/code-interpreter against SPACE', () => {
   })
 
   test('env vars apply to one execution only; sandbox envs are seen', async () => {
-    const code = 'import os\nrepr(os.environ.get("PER_RUN"))'
+    const code = 'import os\nstr(os.environ.get("PER_RUN"))'
     assert.equal((await sbx.runCode(code, { envs: { PER_RUN: "it's set" } })).text, "it's set")
     assert.equal((await sbx.runCode(code)).text, 'None')
     assert.equal((await sbx.runCode('os.environ.get("SANDBOX_VAR")')).text, 'from-create')

@@ -2,9 +2,8 @@
 // Debian's Node.js has no packaged Jupyter kernel, so each JavaScript
 // context is one of these processes. Requests arrive as JSON lines on
 // stdin ({code, env}); events go out as JSON lines on the fd named by
-// SPACE_INTERP_FD (stdout,
-// stderr, result, error, then end), so output of child processes on fd
-// 1/2 cannot corrupt the channel. Cells run as scripts in this process's
+// SPACE_INTERP_FD (stdout, stderr, result, error, then end), so output of
+// child processes on fd 1/2 cannot corrupt the channel. Cells run as scripts in this process's
 // global scope, so declarations persist from one cell to the next, as in
 // the Node REPL. SIGINT interrupts the running cell.
 'use strict'
@@ -47,9 +46,16 @@ process.on('SIGINT', () => { if (current) current.cancel() })
 process.on('uncaughtException', (e) => send({ type: 'stderr', text: 'Uncaught ' + (e && e.stack || String(e)) + '\n', timestamp: now() }))
 process.on('unhandledRejection', (e) => send({ type: 'stderr', text: 'Unhandled rejection ' + (e && e.stack || String(e)) + '\n', timestamp: now() }))
 
+// cellStack is a stack trace without the frames of this driver.
+function cellStack(stack) {
+  const lines = String(stack || '').split('\n')
+  const i = lines.findIndex((l) => /^\s+at .*(node:vm|jsctx\.js)/.test(l))
+  return (i < 0 ? lines : lines.slice(0, i)).join('\n')
+}
+
 function errorEvent(e) {
   if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
-    return { type: 'error', name: e.name || 'Error', value: e.message || '', traceback: String(e.stack || '') }
+    return { type: 'error', name: e.name || 'Error', value: e.message || '', traceback: cellStack(e.stack) }
   }
   return { type: 'error', name: 'Error', value: util.inspect(e), traceback: '' }
 }

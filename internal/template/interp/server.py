@@ -613,6 +613,8 @@ class Server(ThreadingHTTPServer):
 def main():
     logging.basicConfig(level=os.environ.get("SPACE_INTERP_LOG", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # ipykernel's debugger warns about frozen modules on every kernel start.
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     contexts = Contexts()
     Handler.contexts = contexts
     srv = Server(("0.0.0.0", PORT), Handler)
