@@ -71,8 +71,9 @@ func interpreterRequest() (BuildRequest, error) {
 		Suite:    defaultSuite,
 		Packages: interpreterPackages,
 		Files:    files,
-		// Recommends would triple the tree (compilers, scipy, sympy,
-		// boost headers) and the build time.
+		// Recommends (python3-tk and the like) are not needed. The tree
+		// is still ~1.5 GB: matplotlib's fonttools depends on scipy and
+		// sympy, and scipy's pythran on g++ and the boost headers.
 		NoRecommends: true,
 		Defaults: Defaults{
 			Env:   map[string]string{"PATH": defaultPath, "LANG": "C.UTF-8"},
