@@ -458,6 +458,9 @@ class Contexts:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "space-interpreter"
+    # Events are small writes: with Nagle's algorithm each one after the
+    # first waits for the peer's delayed ACK (~40 ms on loopback).
+    disable_nagle_algorithm = True
     contexts = None  # set by main
 
     def log_message(self, fmt, *args):
