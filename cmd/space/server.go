@@ -66,7 +66,7 @@ func runServer(args []string) error {
 	link := clusterLinkFlags(fs)
 	credKeys := fs.String("credential-keys", "", "with --remote-nodes: file of operator keys (64 hex digits each, the first seals) for the credential store the replicas share in the database (default $SPACE_CREDENTIAL_KEYS; none: no credentials)")
 	fs.DurationVar(&cfg.NodeTimeout, "node-timeout", 15*time.Second, "with --remote-nodes: a node or server replica silent this long is marked lost")
-	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm waits for its READY check to pass")
+	fs.DurationVar(&cfg.TemplateReadyTimeout, "template-ready-timeout", 2*time.Minute, "how long a template build's pre-warm, or a create that runs a start command, waits for its READY check to pass")
 	fs.BoolVar(&cfg.AllowPrivateRegistries, "allow-private-registries", false, "let template image pulls reach registries on loopback, private and link-local addresses (off: refused, an SSRF guard)")
 	fs.IntVar(&cfg.ProjectQuota, "project-quota", 0, "with --remote-nodes: most live sandboxes per project (0 = no bound)")
 	fs.Func("checkpoint-default", "with --remote-nodes: [PROJECT=]INTERVAL, checkpoint the sandboxes of PROJECT (of every project without one) that name no checkpoint_seconds every INTERVAL (repeatable; 0 = none)", func(v string) error {

@@ -145,6 +145,12 @@ func (f *Forwarder) serve(w http.ResponseWriter, r *http.Request, t Target) {
 		return
 	}
 	defer f.release(t.SandboxID)
+	// Full duplex: without it net/http closes the request body when the
+	// proxy writes the response header, and a transport still finishing
+	// the request write (its read for EOF after the body) then fails and
+	// closes the upstream connection: a streamed response (the code
+	// interpreter's /execute) was cut right after its header.
+	http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already
 	ctx := context.WithValue(r.Context(), targetKey{}, &forward{t: t, sb: sb})
 	f.proxy.ServeHTTP(w, r.WithContext(ctx))
 }

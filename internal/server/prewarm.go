@@ -110,33 +110,14 @@ func (t *Templates) prewarm(ctx context.Context, projectID string, tp template.T
 			return res, tp, err
 		}
 	} else {
-		deadline := time.Now().Add(readyTimeout)
-		var last string
-		for {
-			if err := failedStart(); err != nil {
-				return res, tp, err
+		n, err := waitReady(ctx, h, start, tp.Defaults.Ready, readyTimeout, prewarmPoll, func(n int) {
+			if n%10 == 1 {
+				progress(fmt.Sprintf("prewarm: waiting for the ready check (%d checks)", n))
 			}
-			res.ReadyChecks++
-			ok, out, err := runCheck(ctx, h, tp.Defaults.Ready)
-			if err != nil {
-				return res, tp, fmt.Errorf("pre-warm: ready check: %w", err)
-			}
-			if ok {
-				break
-			}
-			last = out
-			if time.Now().After(deadline) {
-				return res, tp, fmt.Errorf("%w: pre-warm: the ready check did not pass within %s (%d checks); its last output:\n%s",
-					core.ErrInvalid, readyTimeout, res.ReadyChecks, last)
-			}
-			if res.ReadyChecks%10 == 1 {
-				progress(fmt.Sprintf("prewarm: waiting for the ready check (%d checks)", res.ReadyChecks))
-			}
-			select {
-			case <-time.After(prewarmPoll):
-			case <-ctx.Done():
-				return res, tp, ctx.Err()
-			}
+		})
+		res.ReadyChecks = n
+		if err != nil {
+			return res, tp, fmt.Errorf("pre-warm: %w", err)
 		}
 	}
 	progress("prewarm: ready; snapshotting")
@@ -266,10 +247,11 @@ func (r *runtime) WarmSnapshot(ctx context.Context, name string) string {
 	return tp.Warm.Snapshot
 }
 
-// StartSandboxFromSnapshot restores sb; when the snapshot is its
-// template's files-only warm snapshot, the start command is run again (in
-// the background, as the sandbox's command 1) since its processes were
-// not captured.
+// StartSandboxFromSnapshot restores sb; when the restored snapshot (the
+// template's warm snapshot, a snapshot sb was forked from, or sb's own
+// hibernation) holds files only, the template's start command is run
+// again (in the background, as the sandbox's command 1) since its
+// processes were not captured, and its ready check is waited for.
 func (r *runtime) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
 	r.t.noteStarted(sb.ID, sb.TemplateKey())
 	pl, err := r.Node.StartSandboxFromSnapshot(ctx, sb, chain, progress)
@@ -277,19 +259,32 @@ func (r *runtime) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox,
 		return pl, err
 	}
 	tp, terr := r.t.m.Get(sb.TemplateKey())
-	if terr != nil || tp.Warm == nil || tp.Warm.Snapshot != sb.Snapshot || tp.Warm.Kind == core.SnapshotKindProcess || len(tp.Defaults.Cmd) == 0 {
+	if terr != nil || len(tp.Defaults.Cmd) == 0 || r.processesRestored(ctx, sb, tp) {
 		return pl, nil
 	}
-	h, err := r.Node.Sandbox(sb.ID)
-	if err == nil {
-		_, err = h.Exec(ctx, agent.ProcessSpec{Argv: tp.Defaults.Cmd, Tag: "start"})
-	}
-	if err != nil {
+	progress(90, "running the start command (the snapshot holds files only)")
+	if err := r.runStart(ctx, sb, tp, progress); err != nil {
 		if serr := r.Node.StopSandbox(context.WithoutCancel(ctx), sb.ID); serr != nil {
 			r.t.logf("sandbox %s: stop after failed start command: %v", sb.ID, serr)
 		}
-		return core.Placement{}, fmt.Errorf("run the template's start command: %w", err)
+		return core.Placement{}, err
 	}
-	progress(90, "start command running (files restored from the warm snapshot)")
 	return pl, nil
+}
+
+// processesRestored reports whether the snapshot sb is restored from
+// captured its processes (so the start command is still running).
+func (r *runtime) processesRestored(ctx context.Context, sb core.Sandbox, tp template.Template) bool {
+	id := sb.Snapshot
+	if sb.State == core.SandboxHibernated && sb.HibernatedSnapshot != "" {
+		id = sb.HibernatedSnapshot
+	}
+	if tp.Warm != nil && tp.Warm.Snapshot == id {
+		return tp.Warm.Kind == core.SnapshotKindProcess
+	}
+	if id == "" || r.t.store == nil {
+		return false
+	}
+	sn, err := r.t.store.GetSnapshot(ctx, "", id)
+	return err == nil && sn.Kind == core.SnapshotKindProcess
 }

@@ -203,10 +203,23 @@ type runtime struct {
 	t *Templates
 }
 
-// StartSandbox starts sb cold and notes its tree for template GC.
+// StartSandbox starts sb cold, notes its tree for template GC and runs
+// the template's start command (waiting for its ready check).
 func (r *runtime) StartSandbox(ctx context.Context, sb core.Sandbox, progress core.Progress) (core.Placement, error) {
 	r.t.noteStarted(sb.ID, sb.TemplateKey())
-	return r.Node.StartSandbox(ctx, sb, progress)
+	pl, err := r.Node.StartSandbox(ctx, sb, progress)
+	if err != nil {
+		return pl, err
+	}
+	if tp, terr := r.t.m.Get(sb.TemplateKey()); terr == nil {
+		if err := r.runStart(ctx, sb, tp, progress); err != nil {
+			if serr := r.Node.StopSandbox(context.WithoutCancel(ctx), sb.ID); serr != nil {
+				r.t.logf("sandbox %s: stop after failed start command: %v", sb.ID, serr)
+			}
+			return core.Placement{}, err
+		}
+	}
+	return pl, nil
 }
 
 func (r *runtime) HasTemplate(ctx context.Context, name string) error {

@@ -169,6 +169,9 @@ func (m *Manager) buildDebian(ctx context.Context, root string, r recipe, p Prog
 		return fmt.Errorf("%w: mmdebstrap not available: %w", ErrUnsupported, err)
 	}
 	args := []string{"--mode=root", "--variant=" + r.Variant, "--format=directory"}
+	if r.NoRecommends {
+		args = append(args, `--aptopt=APT::Install-Recommends "false"`)
+	}
 	if len(r.Packages) > 0 {
 		args = append(args, "--include="+strings.Join(r.Packages, ","))
 	}

@@ -22,11 +22,14 @@ type recipe struct {
 
 	BusyboxSHA256 string `json:"busybox_sha256,omitempty"`
 
-	Suite      string   `json:"suite,omitempty"`
-	Variant    string   `json:"variant,omitempty"`
-	Packages   []string `json:"packages,omitempty"`
-	Mirror     string   `json:"mirror,omitempty"`
-	Mmdebstrap string   `json:"mmdebstrap,omitempty"`
+	Suite        string   `json:"suite,omitempty"`
+	Variant      string   `json:"variant,omitempty"`
+	Packages     []string `json:"packages,omitempty"`
+	Mirror       string   `json:"mirror,omitempty"`
+	Mmdebstrap   string   `json:"mmdebstrap,omitempty"`
+	NoRecommends bool     `json:"no_recommends,omitempty"`
+	// FilesSHA256 hashes the files added on top of the packages.
+	FilesSHA256 string `json:"files_sha256,omitempty"`
 
 	TreeSHA256 string `json:"tree_sha256,omitempty"`
 	TarSHA256  string `json:"tar_sha256,omitempty"`
@@ -65,8 +68,8 @@ const (
 func (m *Manager) plan(ctx context.Context, req BuildRequest, p Progress) (*plan, error) {
 	r := recipe{Builder: builderVersion, Source: req.Source, UIDBase: m.opts.UIDBase, UIDCount: m.opts.UIDCount}
 	pl := &plan{source: req.Source, close: func() {}}
-	if req.Source != SourceDebian && (len(req.Packages) > 0 || req.Suite != "") {
-		return nil, fmt.Errorf("%w: packages and suite only apply to source %q", ErrInvalid, SourceDebian)
+	if req.Source != SourceDebian && (len(req.Packages) > 0 || req.Suite != "" || len(req.Files) > 0 || req.NoRecommends) {
+		return nil, fmt.Errorf("%w: packages, suite and files only apply to source %q", ErrInvalid, SourceDebian)
 	}
 	if (req.Source == SourceDir || req.Source == SourceTar || req.Source == SourceArchive) != (req.Path != "") {
 		return nil, fmt.Errorf("%w: path is required for sources %q, %q and %q and only for them", ErrInvalid, SourceDir, SourceTar, SourceArchive)
@@ -103,15 +106,22 @@ func (m *Manager) plan(ctx context.Context, req BuildRequest, p Progress) (*plan
 		}
 		r.Packages = slices.Compact(slices.Sorted(slices.Values(req.Packages)))
 		r.Variant = "minbase"
+		r.NoRecommends = req.NoRecommends
 		r.Mirror = m.opts.Mirror
 		v, err := m.mmdebstrapVersion(ctx)
 		if err != nil {
 			return nil, err
 		}
 		r.Mmdebstrap = v
-		rc := r
+		if r.FilesSHA256, err = filesDigest(req.Files); err != nil {
+			return nil, err
+		}
+		rc, files := r, slices.Clone(req.Files)
 		pl.build = func(ctx context.Context, root string, p Progress) error {
-			return m.buildDebian(ctx, root, rc, p)
+			if err := m.buildDebian(ctx, root, rc, p); err != nil {
+				return err
+			}
+			return writeFiles(root, files)
 		}
 	case SourceDir:
 		src, err := os.OpenRoot(req.Path)

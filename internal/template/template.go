@@ -121,8 +121,12 @@ type BuildRequest struct {
 	Path     string   // host path of the directory or tarball (dir, tar, archive); callers must restrict who may name host paths
 	Image    string   // registry reference, e.g. "docker.io/library/alpine:3.20" or "host:5000/app@sha256:…" (image)
 	Packages []string // extra Debian packages (debian)
-	Suite    string   // Debian suite (debian); default "bookworm"
-	Defaults Defaults
+	Files    []File   // files added on top of the packages (debian)
+	// NoRecommends leaves out the packages' Recommends (debian): a
+	// smaller tree that builds faster.
+	NoRecommends bool
+	Suite        string // Debian suite (debian); default "bookworm"
+	Defaults     Defaults
 }
 
 // Options configure a Manager. Zero values pick the defaults.
@@ -557,8 +561,9 @@ func (m *Manager) GC(ctx context.Context, keep func(digest string) bool) ([]stri
 	return removed, nil
 }
 
-// EnsureBuiltin returns the builtin template "minimal" (busybox) or "base"
-// (Debian minbase + python3), building it only if its digest is not cached.
+// EnsureBuiltin returns the builtin template "minimal" (busybox), "base"
+// (Debian minbase + python3) or "code-interpreter-v1" (interpreter.go),
+// building it only if its digest is not cached.
 func (m *Manager) EnsureBuiltin(ctx context.Context, name string, p Progress) (Template, error) {
 	req, err := builtinRequest(name)
 	if err != nil {
@@ -579,6 +584,8 @@ func builtinRequest(name string) (BuildRequest, error) {
 				User: "user",
 			},
 		}, nil
+	case BuiltinCodeInterpreter:
+		return interpreterRequest()
 	case BuiltinBase:
 		return BuildRequest{
 			Name:     BuiltinBase,

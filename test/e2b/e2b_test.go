@@ -23,6 +23,7 @@ type env struct {
 	*testenv.Server
 	key, key2 string // API keys of projects p1 and p2
 	template  string
+	interp    bool // the server builds code-interpreter-v1
 }
 
 var (
@@ -66,7 +67,10 @@ func setup() (*env, error) {
 	// otherwise busybox "minimal" (envd's /bin/bash falls back to /bin/sh).
 	builtins := "minimal"
 	if os.Getenv("SPACE_TEST_BASE") == "1" {
-		e.template, builtins = "base", "minimal,base"
+		// code-interpreter-v1 builds after base, so the tests of base
+		// need not wait for it (interp_test.go does).
+		e.template, builtins = "base", "minimal,base,code-interpreter-v1"
+		e.interp = true
 	}
 	srv.Args = []string{"--builtins", builtins}
 	if err := e.Start(); err != nil {

@@ -1,0 +1,644 @@
+#!/usr/bin/env python3
+"""SPACE's code interpreter server (template code-interpreter-v1).
+
+Listens on port 49999 inside the sandbox and speaks the protocol of the
+@e2b/code-interpreter SDKs: POST /execute streams newline-delimited JSON
+events (number_of_executions, stdout, stderr, result, error, keepalive,
+end_of_execution); /contexts creates, lists, restarts and removes stateful
+contexts; /health says whether the default Python context is up.
+
+Python contexts are IPython kernels driven through jupyter_client (no
+Jupyter server in between); JavaScript contexts are Node.js processes
+running jsctx.js. Only the standard library and Debian's python3 packages
+are used. Who may reach this port is decided by SPACE's port forwarding
+(the traffic token of private sandboxes), as E2B's proxy does for its own
+server.
+"""
+
+import json
+import logging
+import os
+import queue
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PORT = int(os.environ.get("SPACE_INTERP_PORT", "49999"))
+DEFAULT_CWD = "/home/user"
+MAX_BODY = 16 << 20  # bytes of one request
+MAX_CONTEXTS = 64
+MAX_ENV_VARS = 256
+KEEPALIVE_S = 5.0
+POLL_S = 0.2
+START_TIMEOUT_S = 60.0
+# After an interrupt, how long the context may take to become idle again
+# before it is restarted.
+INTERRUPT_GRACE_S = 10.0
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+
+log = logging.getLogger("space-interpreter")
+
+
+class HTTPError(Exception):
+    def __init__(self, status, code, message):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+
+
+# Result fields of the SDK by MIME type; anything else goes to "extra".
+MIME_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+def result_event(data, main):
+    ev = {"type": "result", "is_main_result": main}
+    extra = {}
+    for mime, value in data.items():
+        field = MIME_FIELDS.get(mime)
+        if field is None:
+            extra[mime] = value
+            continue
+        if field == "text" and isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # a str's repr, as E2B's server strips it
+        ev[field] = value
+    if extra:
+        ev["extra"] = extra
+    return ev
+
+
+class PythonContext:
+    """An IPython kernel, driven through jupyter_client's blocking client."""
+
+    language = "python"
+
+    def __init__(self, ctx_id, cwd):
+        self.id, self.cwd = ctx_id, cwd
+        self.lock = threading.Lock()  # one execution at a time
+        self.km = self.kc = None
+        self._start()
+
+    def _start(self):
+        from jupyter_client import KernelManager
+
+        km = KernelManager(kernel_name="python3")
+        km.start_kernel(
+            cwd=self.cwd,
+            extra_arguments=[
+                "--IPKernelApp.exec_files=" + os.path.join(HERE, "kernel_init.py"),
+                "--InteractiveShell.colors=NoColor",
+            ],
+        )
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=START_TIMEOUT_S)
+        except Exception:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise
+        self.km, self.kc = km, kc
+
+    def close(self):
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+
+    def restart(self):
+        with self.lock:
+            self.close()
+            self._start()
+
+    def _quiet(self, code):
+        """Runs code silently and waits for it (env var set/restore)."""
+        msg_id = self.kc.execute(code, silent=True, store_history=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=POLL_S)
+            except queue.Empty:
+                if not self.km.is_alive():
+                    return
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return
+
+    def _drain_shell(self):
+        while True:
+            try:
+                self.kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return
+
+    def execute(self, code, env, emit, gone):
+        with self.lock:
+            if env:
+                keys = json.dumps(sorted(env))
+                self._quiet(
+                    "__import__('os').__space_saved_env = {k: __import__('os').environ.get(k) for k in %s}\n"
+                    "__import__('os').environ.update(%s)" % (keys, json.dumps(env))
+                )
+            try:
+                self._run(code, emit, gone)
+            finally:
+                if env and self.km.is_alive():
+                    self._quiet(
+                        "for __k, __v in __import__('os').__space_saved_env.items():\n"
+                        "    (__import__('os').environ.pop(__k, None) if __v is None else __import__('os').environ.__setitem__(__k, __v))\n"
+                        "del __k, __v\n"
+                        "del __import__('os').__space_saved_env"
+                    )
+                self._drain_shell()
+
+    def _run(self, code, emit, gone):
+        msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=True)
+        last_write = time.monotonic()
+        last_alive = last_write
+        interrupted_at = None
+        errored = False
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=POLL_S)
+            except queue.Empty:
+                t = time.monotonic()
+                if interrupted_at is None and gone():
+                    log.info("client went away: interrupting context %s", self.id)
+                    self.km.interrupt_kernel()
+                    interrupted_at = t
+                if interrupted_at is not None and t - interrupted_at > INTERRUPT_GRACE_S:
+                    log.warning("context %s did not stop after an interrupt: restarting it", self.id)
+                    self._restart_locked()
+                    return
+                if t - last_alive > 1.0:
+                    last_alive = t
+                    if not self.km.is_alive():
+                        emit({"type": "error", "name": "DeadKernelError", "value": "the kernel died; it was restarted and its state is lost", "traceback": ""})
+                        self._restart_locked()
+                        return
+                if interrupted_at is None and t - last_write >= KEEPALIVE_S:
+                    emit({"type": "keepalive"})
+                    last_write = t
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            ev = None
+            if kind == "execute_input":
+                ev = {"type": "number_of_executions", "execution_count": content.get("execution_count")}
+            elif kind == "stream":
+                name = content.get("name")
+                if name in ("stdout", "stderr"):
+                    ts = msg["header"].get("date")
+                    ev = {"type": name, "text": content.get("text", ""), "timestamp": ts.isoformat() if hasattr(ts, "isoformat") else (ts or now_iso())}
+            elif kind == "display_data":
+                ev = result_event(content.get("data", {}), False)
+            elif kind == "execute_result":
+                ev = result_event(content.get("data", {}), True)
+            elif kind == "error":
+                if not errored:
+                    errored = True
+                    ev = {"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""), "traceback": "\n".join(content.get("traceback", []))}
+            elif kind == "status" and content.get("execution_state") == "idle":
+                return
+            if ev is not None and interrupted_at is None:
+                emit(ev)
+                last_write = time.monotonic()
+
+    def _restart_locked(self):
+        try:
+            self.close()
+        except Exception as e:  # the kernel may be gone already
+            log.warning("context %s: close: %s", self.id, e)
+        self._start()
+
+
+class JavaScriptContext:
+    """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
+
+    language = "javascript"
+
+    def __init__(self, ctx_id, cwd):
+        self.id, self.cwd = ctx_id, cwd
+        self.lock = threading.Lock()
+        self.out_lock = threading.Lock()
+        self.emit = None  # the running execution's emit, for child output
+        self.proc = None
+        self._start()
+
+    def _start(self):
+        rfd, wfd = os.pipe()
+        env = dict(os.environ, SPACE_INTERP_FD=str(wfd), NODE_NO_WARNINGS="1")
+        try:
+            self.proc = subprocess.Popen(
+                ["node", "--stack-trace-limit=50", os.path.join(HERE, "jsctx.js")],
+                cwd=self.cwd, env=env, pass_fds=(wfd,), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        finally:
+            os.close(wfd)
+        self.events = queue.Queue()
+        threading.Thread(target=self._read_events, args=(os.fdopen(rfd, "rb"), self.events), daemon=True).start()
+        for name, f in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            threading.Thread(target=self._forward, args=(name, f), daemon=True).start()
+        ev = self._next(START_TIMEOUT_S)
+        if ev is None or ev.get("type") != "ready":
+            self._kill()
+            raise RuntimeError("the JavaScript context did not start: %r" % (ev,))
+
+    @staticmethod
+    def _read_events(f, q):
+        with f:
+            for line in f:
+                try:
+                    q.put(json.loads(line))
+                except ValueError:
+                    continue
+        q.put({"type": "dead"})
+
+    def _forward(self, name, f):
+        # Output of processes the cell started (fd 1/2), best effort.
+        for chunk in iter(lambda: f.read1(65536), b""):
+            with self.out_lock:
+                if self.emit is not None:
+                    self.emit({"type": name, "text": chunk.decode("utf-8", "replace"), "timestamp": now_iso()})
+
+    def _next(self, timeout):
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _kill(self):
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self):
+        self._kill()
+
+    def restart(self):
+        with self.lock:
+            self._kill()
+            self._start()
+
+    def execute(self, code, env, emit, gone):
+        with self.lock:
+            with self.out_lock:
+                self.emit = emit
+            try:
+                self._run(code, env, emit, gone)
+            finally:
+                with self.out_lock:
+                    self.emit = None
+
+    def _run(self, code, env, emit, gone):
+        try:
+            self.proc.stdin.write((json.dumps({"code": code, "env": env or {}}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            emit({"type": "error", "name": "DeadKernelError", "value": "the JavaScript context died; it was restarted and its state is lost", "traceback": ""})
+            self._kill()
+            self._start()
+            return
+        last_write = time.monotonic()
+        interrupted_at = None
+        while True:
+            ev = self._next(POLL_S)
+            t = time.monotonic()
+            if ev is None:
+                if interrupted_at is None and gone():
+                    log.info("client went away: interrupting context %s", self.id)
+                    os.kill(self.proc.pid, signal.SIGINT)
+                    interrupted_at = t
+                if interrupted_at is not None and t - interrupted_at > INTERRUPT_GRACE_S:
+                    self._kill()
+                    self._start()
+                    return
+                if interrupted_at is None and t - last_write >= KEEPALIVE_S:
+                    emit({"type": "keepalive"})
+                    last_write = t
+                continue
+            kind = ev.get("type")
+            if kind == "end":
+                return
+            if kind == "dead":
+                if interrupted_at is None:
+                    emit({"type": "error", "name": "DeadKernelError", "value": "the JavaScript context died; it was restarted and its state is lost", "traceback": ""})
+                self._kill()
+                self._start()
+                return
+            if interrupted_at is None:
+                emit(ev)
+                last_write = t
+
+
+LANGUAGES = {
+    "python": PythonContext, "python3": PythonContext, "py": PythonContext,
+    "javascript": JavaScriptContext, "js": JavaScriptContext, "node": JavaScriptContext,
+}
+
+
+def normalize_language(lang):
+    if lang is None or lang == "":
+        return "python"
+    if not isinstance(lang, str):
+        raise HTTPError(400, "invalid_argument", "language must be a string")
+    name = lang.strip().lower()
+    cls = LANGUAGES.get(name)
+    if cls is None:
+        raise HTTPError(400, "unsupported_language",
+                        "language %r is not supported by SPACE's code interpreter (supported: python, javascript)" % lang[:64])
+    return cls.language
+
+
+class Contexts:
+    def __init__(self):
+        self.mu = threading.Lock()
+        self.by_id = {}
+        self.default = {}  # language -> context id
+        self.default_ready = threading.Event()
+        self.default_error = None
+
+    def create(self, language, cwd):
+        cls = LANGUAGES[language]
+        with self.mu:
+            if len(self.by_id) >= MAX_CONTEXTS:
+                raise HTTPError(429, "too_many_contexts", "at most %d contexts; remove one first" % MAX_CONTEXTS)
+        if not os.path.isdir(cwd):
+            raise HTTPError(400, "invalid_argument", "cwd %r is not a directory" % cwd[:256])
+        ctx = cls(str(uuid.uuid4()), cwd)
+        with self.mu:
+            self.by_id[ctx.id] = ctx
+        log.info("context %s (%s) created in %s", ctx.id, language, cwd)
+        return ctx
+
+    def get(self, ctx_id):
+        with self.mu:
+            ctx = self.by_id.get(ctx_id)
+        if ctx is None:
+            raise HTTPError(404, "not_found", "context %s not found" % str(ctx_id)[:64])
+        return ctx
+
+    def default_for(self, language):
+        if language == "python":
+            if not self.default_ready.wait(START_TIMEOUT_S):
+                raise HTTPError(503, "unavailable", "the default Python context is still starting")
+        with self.mu:
+            ctx_id = self.default.get(language)
+            ctx = self.by_id.get(ctx_id) if ctx_id else None
+        if ctx is not None:
+            return ctx
+        ctx = self.create(language, DEFAULT_CWD)
+        with self.mu:
+            if language in self.default and self.default[language] in self.by_id:
+                other = self.by_id[self.default[language]]
+            else:
+                self.default[language], other = ctx.id, None
+        if other is not None:  # lost a race: keep the first
+            self.remove(ctx.id)
+            return other
+        return ctx
+
+    def remove(self, ctx_id):
+        with self.mu:
+            ctx = self.by_id.pop(ctx_id, None)
+            for lang, d in list(self.default.items()):
+                if d == ctx_id:
+                    del self.default[lang]
+        if ctx is None:
+            raise HTTPError(404, "not_found", "context %s not found" % str(ctx_id)[:64])
+        ctx.close()
+
+    def list(self):
+        with self.mu:
+            return [{"id": c.id, "language": c.language, "cwd": c.cwd} for c in self.by_id.values()]
+
+    def start_defaults(self):
+        try:
+            ctx = self.create("python", DEFAULT_CWD if os.path.isdir(DEFAULT_CWD) else "/")
+            with self.mu:
+                self.default["python"] = ctx.id
+        except Exception as e:
+            self.default_error = str(e)
+            log.error("default Python context: %s", e)
+        self.default_ready.set()
+        try:
+            self.default_for("javascript")
+        except Exception as e:
+            log.error("default JavaScript context: %s", e)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "space-interpreter"
+    # Events are small writes: with Nagle's algorithm each one after the
+    # first waits for the peer's delayed ACK (~40 ms on loopback).
+    disable_nagle_algorithm = True
+    contexts = None  # set by main
+
+    def log_message(self, fmt, *args):
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send_json(self, status, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, e):
+        self._send_json(e.status, {"error": {"code": e.code, "message": e.message}})
+
+    def _body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raise HTTPError(411, "length_required", "send a Content-Length")
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise HTTPError(400, "invalid_argument", "bad Content-Length")
+        if n < 0 or n > MAX_BODY:
+            raise HTTPError(413, "too_large", "request body over %d bytes" % MAX_BODY)
+        raw = self.rfile.read(n) if n else b""
+        if not raw.strip():
+            return {}
+        try:
+            obj = json.loads(raw)
+        except ValueError as e:
+            raise HTTPError(400, "invalid_json", "request body is not JSON: %s" % e)
+        if not isinstance(obj, dict):
+            raise HTTPError(400, "invalid_json", "request body must be a JSON object")
+        return obj
+
+    def _route(self, method):
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        parts = path.strip("/").split("/")
+        try:
+            if method == "GET" and path == "/health":
+                c = self.contexts
+                if not c.default_ready.is_set() or c.default_error:
+                    raise HTTPError(503, "unavailable", c.default_error or "starting")
+                return self._send_json(200, "OK")
+            if path == "/execute" and method == "POST":
+                return self._execute(self._body())
+            if path == "/contexts" and method == "GET":
+                return self._send_json(200, self.contexts.list())
+            if path == "/contexts" and method == "POST":
+                req = self._body()
+                lang = normalize_language(req.get("language"))
+                cwd = req.get("cwd") or DEFAULT_CWD
+                if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd or len(cwd) > 4096:
+                    raise HTTPError(400, "invalid_argument", "cwd must be an absolute path")
+                ctx = self.contexts.create(lang, cwd)
+                return self._send_json(200, {"id": ctx.id, "language": ctx.language, "cwd": ctx.cwd})
+            if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart" and method == "POST":
+                self._body()
+                self.contexts.get(parts[1]).restart()
+                return self._send_json(200, None)
+            if len(parts) == 2 and parts[0] == "contexts" and method == "DELETE":
+                self.contexts.remove(parts[1])
+                return self._send_json(200, None)
+            raise HTTPError(404 if method in ("GET", "POST", "DELETE") else 405, "not_found", "no route %s %s" % (method, path[:128]))
+        except HTTPError as e:
+            self._error(e)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:
+            log.exception("%s %s", method, path)
+            self._error(HTTPError(500, "internal", str(e)[:1000]))
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+    def do_DELETE(self):
+        self._route("DELETE")
+
+    def _gone(self):
+        """Whether the client closed its connection (EOF while we stream)."""
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _execute(self, req):
+        code = req.get("code")
+        if not isinstance(code, str):
+            raise HTTPError(400, "invalid_argument", "code must be a string")
+        ctx_id, lang = req.get("context_id"), req.get("language")
+        if ctx_id and lang:
+            raise HTTPError(400, "invalid_argument", "only one of context_id or language can be provided")
+        env = req.get("env_vars") or {}
+        if not isinstance(env, dict) or len(env) > MAX_ENV_VARS:
+            raise HTTPError(400, "invalid_argument", "env_vars must be an object of at most %d strings" % MAX_ENV_VARS)
+        for k, v in env.items():
+            if not ENV_NAME.match(k) or not isinstance(v, str) or "\x00" in v:
+                raise HTTPError(400, "invalid_argument", "env var %r: names are [A-Za-z_][A-Za-z0-9_]*, values strings" % k[:64])
+        if ctx_id:
+            if not isinstance(ctx_id, str):
+                raise HTTPError(400, "invalid_argument", "context_id must be a string")
+            ctx = self.contexts.get(ctx_id)
+        else:
+            ctx = self.contexts.default_for(normalize_language(lang))
+
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Accel-Buffering", "no")
+        self.end_headers()
+        self.wfile.flush()
+        broken = []
+
+        def emit(ev):
+            if broken:
+                return
+            line = json.dumps(ev, default=str).encode() + b"\n"
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            except OSError:
+                broken.append(True)
+
+        def gone():
+            return bool(broken) or self._gone()
+
+        ctx.execute(code, env, emit, gone)
+        emit({"type": "end_of_execution"})
+        if broken:
+            self.close_connection = True
+            return
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def main():
+    logging.basicConfig(level=os.environ.get("SPACE_INTERP_LOG", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # ipykernel's debugger warns about frozen modules on every kernel start.
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    contexts = Contexts()
+    Handler.contexts = contexts
+    srv = Server(("0.0.0.0", PORT), Handler)
+    # Listen first: /health answers 503 until the default context is up and
+    # /execute waits for it, so nothing races the kernel's start.
+    threading.Thread(target=contexts.start_defaults, daemon=True).start()
+    log.info("listening on :%d", PORT)
+
+    def stop(*_):
+        threading.Thread(target=srv.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        srv.serve_forever(poll_interval=0.5)
+    finally:
+        for c in contexts.list():
+            try:
+                contexts.remove(c["id"])
+            except Exception:
+                pass
+
+
+if __name__ == "__main__":
+    main()
