@@ -351,7 +351,7 @@ pause_tar() {
   mkdir -p "$dir"
   if [ ! -f "$dir/pause.tar" ]; then
     (cd "$REPO" && go build -trimpath -ldflags "-s -w" -o "$dir/pause" ./deploy/ociimage/pause &&
-      go run ./deploy/ociimage -o "$dir/pause.tar" -name "$PAUSE_IMAGE" -file "/pause=$dir/pause" -entrypoint '["/pause"]')
+      go run ./deploy/ociimage -o "$dir/pause.tar" -name "$PAUSE_IMAGE" -file "/pause=$dir/pause" -entrypoint '["/pause"]') >&2 || { log "building the pause image failed"; exit 1; }
   fi
   echo "$dir/pause.tar"
 }
@@ -383,13 +383,16 @@ space_tar() {
   (cd "$REPO" && go build -trimpath -ldflags "-s -w" -o "$dir/" ./cmd/space ./cmd/space-agent &&
     SOURCE_DATE_EPOCH=1700000000 go run ./deploy/ociimage -o "$dir/space.tar" -name "$SPACE_IMAGE" -base "$rootfs" \
       -file "/usr/local/bin/space=$dir/space" -file "/usr/local/bin/space-agent=$dir/space-agent" \
-      -entrypoint '["/usr/bin/tini","--","/usr/local/bin/space"]' -cmd '["server"]') >&2
+      -entrypoint '["/usr/bin/tini","--","/usr/local/bin/space"]' -cmd '["server"]') >&2 ||
+    { log "building the SPACE image failed"; exit 1; }
   echo "$dir/space.tar"
 }
 
 cmd_image() {
   running || { log "the cluster is not up (scripts/k8s.sh up)"; exit 1; }
-  import_tar "$(space_tar)"
+  local tarball
+  tarball=$(space_tar)
+  import_tar "$tarball"
   echo "$SPACE_IMAGE"
 }
 
@@ -443,14 +446,17 @@ cmd_up() {
 
   PATH=$CTRD_BIN:$PATH start containerd "$CTRD_BIN/containerd" --config "$S/containerd/config.toml"
   wait_for 60 containerd "$CTRD_BIN/ctr" --address "$S/containerd/containerd.sock" version
-  import_tar "$(pause_tar)"
+  local tarball
+  tarball=$(pause_tar)
+  import_tar "$tarball"
 
   start kubelet "$KUBE_BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$PKI/kubelet.kubeconfig" \
     --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" \
     --node-labels space-sandbox.dev/node=true
   start kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kubeconfig" --proxy-mode nftables \
     --hostname-override "$NODE" --cluster-cidr "$POD_CIDR" --bind-address 127.0.0.1 \
-    --metrics-bind-address 127.0.0.1:20249 --healthz-bind-address 127.0.0.1:20256 --conntrack-max-per-core 0
+    --metrics-bind-address 127.0.0.1:20249 --healthz-bind-address 127.0.0.1:20256 \
+    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
 
   wait_for 120 "node $NODE" kubectl get node "$NODE"
   if ! kubectl wait --for=condition=Ready "node/$NODE" --timeout=180s >&2; then
