@@ -421,7 +421,7 @@ cmd_up() {
   start etcd "$ETCD_BIN/etcd" --name space-k8s --data-dir "$S/etcd" \
     --listen-client-urls http://127.0.0.1:12379 --advertise-client-urls http://127.0.0.1:12379 \
     --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
-    --initial-cluster space-k8s=http://127.0.0.1:12380 --listen-metrics-urls "" \
+    --initial-cluster space-k8s=http://127.0.0.1:12380 \
     --quota-backend-bytes 1073741824
   wait_for 60 etcd curl -fsS --max-time 2 http://127.0.0.1:12379/health
 
@@ -513,9 +513,12 @@ cmd_down() {
     [ -s "$S/host/sysctl.$k" ] && sysctl -q -w "$k=$(cat "$S/host/sysctl.$k")" >/dev/null 2>&1 || true
   done
   local p
-  for p in /run/containerd /var/lib/cni /var/log/containers; do
-    if [ ! -e "$S/host/existed.${p//\//_}" ]; then rm -rf "$p"; fi
-  done
+  # Only with up's record of the host: without it nothing says they are ours.
+  if [ -f "$S/host/recorded" ]; then
+    for p in /run/containerd /var/lib/cni /var/log/containers; do
+      if [ ! -e "$S/host/existed.${p//\//_}" ]; then rm -rf "$p"; fi
+    done
+  fi
   find /var/log/containers -maxdepth 1 -lname "$S/*" -delete 2>/dev/null || true
   find /var/lib/cni/results -maxdepth 1 -name 'space-k8s-*' -delete 2>/dev/null || true
   rm -rf "$S"
