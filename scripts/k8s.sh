@@ -145,8 +145,9 @@ POD_CIDR=10.244.0.0/24
 SVC_CIDR=10.97.0.0/16
 APISERVER=https://127.0.0.1:16443
 PAUSE_IMAGE=space.local/pause:1
-# The host settings kubelet changes at start; down puts them back.
-SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
+# The host settings kubelet changes at start, and the forwarding the bridge
+# plugin turns on for its gateway; down puts them back.
+SYSCTLS="net.ipv4.ip_forward vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
 
 bindir() { echo "$K8S_CACHE/$1/$2/bin"; }
 ETCD_BIN=$(bindir etcd "$ETCD_VERSION")
@@ -444,16 +445,23 @@ cmd_up() {
     --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 20259 --leader-elect=false --profiling=false
 
-  PATH=$CTRD_BIN:$PATH start containerd "$CTRD_BIN/containerd" --config "$S/containerd/config.toml"
+  PATH=$CTRD_BIN:/usr/bin:/bin start containerd "$CTRD_BIN/containerd" --config "$S/containerd/config.toml"
   wait_for 60 containerd "$CTRD_BIN/ctr" --address "$S/containerd/containerd.sock" version
   local tarball
   tarball=$(pause_tar)
   import_tar "$tarball"
 
-  start kubelet "$KUBE_BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$PKI/kubelet.kubeconfig" \
+  # kubelet adds iptables chains (KUBE-FIREWALL, a canary) for kube-proxy's
+  # iptables mode, and kube-proxy in nftables mode sweeps iptables and IPVS
+  # leftovers: neither is this cluster's, so both get a PATH without
+  # iptables (kube-proxy gets nft and conntrack) and leave the host's alone.
+  mkdir -p "$S/proxy-bin"
+  ln -sf "$(command -v nft)" "$S/proxy-bin/nft"
+  ln -sf "$(command -v conntrack)" "$S/proxy-bin/conntrack"
+  PATH=/usr/local/bin:/usr/bin:/bin start kubelet "$KUBE_BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$PKI/kubelet.kubeconfig" \
     --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" \
     --node-labels space-sandbox.dev/node=true
-  start kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kubeconfig" --proxy-mode nftables \
+  PATH=$S/proxy-bin:/usr/bin:/bin start kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kubeconfig" --proxy-mode nftables \
     --hostname-override "$NODE" --cluster-cidr "$POD_CIDR" --bind-address 127.0.0.1 \
     --metrics-bind-address 127.0.0.1:20249 --healthz-bind-address 127.0.0.1:20256 \
     --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
