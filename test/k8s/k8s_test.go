@@ -114,7 +114,8 @@ func TestCluster(t *testing.T) {
 	}
 
 	start := time.Now()
-	t.Cleanup(func() { down(t) })
+	before := hostSysctls()
+	t.Cleanup(func() { down(t, before) })
 	kcfg, err := script(t, 15*time.Minute, "up")
 	if err != nil {
 		t.Fatal(err)
@@ -224,8 +225,20 @@ func podLogs() string {
 	return b.String()
 }
 
+// sysctls are the host settings the cluster's components change.
+var sysctls = []string{"net/ipv4/ip_forward", "vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+
+func hostSysctls() map[string]string {
+	m := map[string]string{}
+	for _, k := range sysctls {
+		b, _ := os.ReadFile("/proc/sys/" + k)
+		m[k] = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
 // down stops the cluster and checks that nothing of it is left on the host.
-func down(t *testing.T) {
+func down(t *testing.T, before map[string]string) {
 	t.Helper()
 	if _, err := script(t, 5*time.Minute, "down"); err != nil {
 		t.Error(err)
@@ -246,5 +259,13 @@ func down(t *testing.T) {
 	}
 	if out, _ := exec.Command("nft", "list", "tables").Output(); bytes.Contains(out, []byte("kube-proxy")) {
 		t.Errorf("nftables tables of kube-proxy left after down:\n%s", out)
+	}
+	if out, _ := exec.Command("nft", "list", "ruleset").Output(); bytes.Contains(out, []byte("KUBE-")) {
+		t.Errorf("KUBE- chains in the host's ruleset after down:\n%s", tail(string(out), 2000))
+	}
+	for k, v := range hostSysctls() {
+		if v != before[k] {
+			t.Errorf("%s is %s after down, was %s", k, v, before[k])
+		}
 	}
 }
