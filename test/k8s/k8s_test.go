@@ -72,9 +72,12 @@ type kube struct {
 func (k kube) run(d time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, k.bin, append([]string{"--kubeconfig", k.kcfg}, args...)...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, k.bin, append([]string{"--kubeconfig", k.kcfg}, args...)...)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	out, err := cmd.Output()
 	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("kubectl %s: %w: %s%s", strings.Join(args, " "), err, out, errb.Bytes())
 	}
 	return strings.TrimSpace(string(out)), nil
 }
