@@ -288,6 +288,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
   sandbox = "$PAUSE_IMAGE"
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # kubelet asks for oom_score_adj -998 for pod sandboxes; lowering it needs
+  # CAP_SYS_RESOURCE, which a host in a sandbox may lack (runc init then
+  # fails: "failed to update /proc/self/oom_score_adj"). Clamp to ours.
+  restrict_oom_score_adj = $( [ "$(( 0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24 & 1 ))" = 1 ] && echo false || echo true)
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = ["$CNI_BIN"]
   conf_dir = "$S/cni/net.d"

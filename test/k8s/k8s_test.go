@@ -148,7 +148,7 @@ func TestCluster(t *testing.T) {
 		t.Errorf("kube-apiserver reports %q, want v1.37.2", ver.Server.GitVersion)
 	}
 	info := k.must(time.Minute, "get", "node", "-o", "jsonpath={.items[0].status.nodeInfo.kubeletVersion} {.items[0].status.nodeInfo.containerRuntimeVersion}")
-	if !strings.HasPrefix(info, "v1.37.2 containerd://v2.") {
+	if !strings.HasPrefix(info, "v1.37.2 containerd://2.") {
 		t.Errorf("node reports %q, want kubelet v1.37.2 on containerd v2", info)
 	}
 
