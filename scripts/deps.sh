@@ -8,7 +8,7 @@ if [ "${1:-}" = "--test" ]; then pkgs+=(chromium); fi
 # --test: runc, iptables and conntrack for the single-node Kubernetes
 # cluster of scripts/k8s.sh (test/k8s): containerd's runtime, and what
 # kubelet and kube-proxy call.
-if [ "${1:-}" = "--test" ]; then pkgs+=(runc iptables conntrack); fi
+if [ "${1:-}" = "--test" ]; then pkgs+=(runc iptables conntrack openssl); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
