@@ -11,6 +11,7 @@
 #   scripts/k8s.sh image    build the SPACE image from this checkout and
 #                           import it into the cluster (space:local)
 #   scripts/k8s.sh env      shell exports for KUBECONFIG and PATH
+#   scripts/k8s.sh bin      the directory of kubectl and the other Kubernetes binaries
 #
 # Everything lives under $K8S_STATE (default /var/lib/space-k8s); the
 # listeners are on 127.0.0.1. Only what this script created is removed.
@@ -552,6 +553,7 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   image) cmd_image ;;
+  bin) echo "$KUBE_BIN" ;;
   env) echo "export KUBECONFIG=$PKI/admin.kubeconfig PATH=$KUBE_BIN:$CTRD_BIN:\$PATH" ;;
-  *) echo "usage: $0 build|up|down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|status|image|env|bin" >&2; exit 2 ;;
 esac

@@ -16,6 +16,9 @@ export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}
 # built, the test must run: SPACE_TEST_K8S=1 turns its skips into failures.
 bash scripts/k8s.sh build >/dev/null
 export SPACE_TEST_K8S=${SPACE_TEST_K8S:-1}
+# Its kubectl also renders every kustomization with real kustomize
+# (deploy/kubernetes: TestRendererMatchesKustomize, TestDocumentedOverlay).
+export PATH=$PATH:$(bash scripts/k8s.sh bin)
 export PATH=$PATH:/usr/local/go/bin:$(go env GOPATH)/bin
 export CGO_ENABLED=0
 # Templates are built once per machine and shared by every test package.
