@@ -485,7 +485,7 @@ cmd_up() {
 cgroup_pids() {
   local h
   for h in $(hierarchies); do
-    [ -d "$h/$CG" ] && find "$h/$CG" -name cgroup.procs -exec cat {} + 2>/dev/null
+    if [ -d "$h/$CG" ]; then find "$h/$CG" -name cgroup.procs -exec cat {} + 2>/dev/null || true; fi
   done | sort -u
 }
 

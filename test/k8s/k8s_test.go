@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,8 +114,14 @@ func TestCluster(t *testing.T) {
 	if !built() {
 		skip("the cluster's binaries are not in " + cache + " (scripts/k8s.sh build, ~30 min the first time; scripts/test.sh runs it)")
 	}
-	if st, _ := os.Stat(state); st != nil {
-		skip(state + " exists: a cluster of scripts/k8s.sh is up on this host (scripts/k8s.sh down)")
+	if _, err := os.Stat(state); err == nil {
+		if apiserverRunning() {
+			skip("a cluster of scripts/k8s.sh is up on this host (scripts/k8s.sh down)")
+		}
+		// What a killed run left: the state dir is the script's alone.
+		if _, err := script(t, 5*time.Minute, "down"); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	start := time.Now()
@@ -226,6 +234,16 @@ func podLogs() string {
 		fmt.Fprintf(&b, "== %s\n%s\n", f, tail(string(raw), 6000))
 	}
 	return b.String()
+}
+
+// apiserverRunning reports whether the kube-apiserver that up recorded runs.
+func apiserverRunning() bool {
+	b, err := os.ReadFile(filepath.Join(state, "pids", "kube-apiserver"))
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && pid > 0 && syscall.Kill(pid, 0) == nil
 }
 
 // sysctls are the host settings the cluster's components change.
