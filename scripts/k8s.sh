@@ -365,7 +365,7 @@ pause_tar() {
 # The SPACE image: a Debian root filesystem from mmdebstrap (cached per
 # package list) and a layer with this checkout's space and space-agent
 # (deploy/Dockerfile makes the same contents with Docker).
-IMAGE_PKGS=ca-certificates,busybox-static,nftables,iproute2,procps,util-linux,e2fsprogs,tini
+IMAGE_PKGS=ca-certificates,busybox-static,mmdebstrap,nftables,iproute2,procps,util-linux,e2fsprogs,tini
 SPACE_IMAGE=docker.io/library/space:local
 rootfs_tar() {
   local key out
