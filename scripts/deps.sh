@@ -5,6 +5,10 @@ pkgs=(ca-certificates curl git make gcc python3 mmdebstrap busybox-static crun n
 # --test: also what only the test suite needs. chromium: the web console's
 # browser test (test/console), headless; a large package a server does not need.
 if [ "${1:-}" = "--test" ]; then pkgs+=(chromium); fi
+# --test: runc, iptables and conntrack for the single-node Kubernetes
+# cluster of scripts/k8s.sh (test/k8s): containerd's runtime, and what
+# kubelet and kube-proxy call.
+if [ "${1:-}" = "--test" ]; then pkgs+=(runc iptables conntrack openssl); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,15 @@ bash scripts/vm-deps.sh
 # gVisor's runsc, pinned and built from the Go module proxy into a cache (a
 # few minutes the first time); the gvisor driver's tests use it.
 export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}
+# etcd, Kubernetes, containerd and the CNI plugins for the single-node
+# cluster test (test/k8s), built from the Go module proxy into a cache
+# (/var/cache/space/k8s; slow the first time, reused after). With them
+# built, the test must run: SPACE_TEST_K8S=1 turns its skips into failures.
+bash scripts/k8s.sh build >/dev/null
+export SPACE_TEST_K8S=${SPACE_TEST_K8S:-1}
+# Its kubectl also renders every kustomization with real kustomize
+# (deploy/kubernetes: TestRendererMatchesKustomize, TestDocumentedOverlay).
+export PATH=$PATH:$(bash scripts/k8s.sh bin)
 export PATH=$PATH:/usr/local/go/bin:$(go env GOPATH)/bin
 export CGO_ENABLED=0
 # Templates are built once per machine and shared by every test package.

@@ -48,10 +48,11 @@ var variants = []struct {
 	{"single", []string{"space-db"}, []string{serverName}},
 	{"kind", nil, []string{nodeName}},
 	{"kind-single", nil, []string{serverName}},
+	{"local-single", nil, []string{serverName}},
 }
 
 // dirs are every kustomization, common included.
-var dirs = []string{"common", "base", "single", "kind", "kind-single"}
+var dirs = []string{"common", "base", "single", "kind", "kind-single", "local-single"}
 
 // workload is a DaemonSet, StatefulSet or Deployment.
 type workload struct {
