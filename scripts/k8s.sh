@@ -554,6 +554,7 @@ case "${1:-}" in
   status) cmd_status ;;
   image) cmd_image ;;
   bin) echo "$KUBE_BIN" ;;
+  built) for d in "$ETCD_BIN" "$CTRD_BIN" "$CNI_BIN" "$KUBE_BIN"; do [ -f "$(dirname "$d")/DONE" ] || exit 1; done ;;
   env) echo "export KUBECONFIG=$PKI/admin.kubeconfig PATH=$KUBE_BIN:$CTRD_BIN:\$PATH" ;;
-  *) echo "usage: $0 build|up|down|status|image|env|bin" >&2; exit 2 ;;
+  *) echo "usage: $0 build|built|up|down|status|image|env|bin" >&2; exit 2 ;;
 esac
