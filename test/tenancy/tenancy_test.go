@@ -611,6 +611,11 @@ func routeCases() map[string]func(*testing.T, *world) {
 			w.refused(t, "POST", "/v1/keys", map[string]any{"name": "x", "admin": true}, 403)
 		},
 		"control DELETE /v1/keys/{id}": func(t *testing.T, w *world) { w.refused(t, "DELETE", "/v1/keys/"+w.keyAID, nil, 404) },
+		// Nodes are the operator's: a project key may neither list nor
+		// drain them, whatever the server's layout.
+		"control GET /v1/nodes":                 func(t *testing.T, w *world) { w.refused(t, "GET", "/v1/nodes", nil, 403) },
+		"control POST /v1/nodes/{name}/drain":   func(t *testing.T, w *world) { w.refused(t, "POST", "/v1/nodes/n1/drain", nil, 403) },
+		"control POST /v1/nodes/{name}/undrain": func(t *testing.T, w *world) { w.refused(t, "POST", "/v1/nodes/n1/undrain", nil, 403) },
 
 		"e2b POST /sandboxes": func(t *testing.T, w *world) {
 			w.e2bRefused(t, "POST", "/sandboxes", map[string]any{"templateID": w.onlyA})
