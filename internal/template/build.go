@@ -460,19 +460,11 @@ func (m *Manager) singleflight(ctx context.Context, pl *plan, build func() error
 func (m *Manager) buildStep(ctx context.Context, pl *plan, parent string, in Instruction, cfg Defaults, ctxRoot *os.Root, runner StepRunner, out *tailBuffer, n int, text string) (err error) {
 	start := time.Now()
 	parentDir := m.rootfsPath(strings.TrimPrefix(parent, "sha256:"))
-	stage, err := os.MkdirTemp(m.tmpDir(), "step-")
+	root, cleanup, err := m.stageRoot("step-")
 	if err != nil {
-		return fmt.Errorf("template: staging: %w", err)
+		return err
 	}
-	defer func() {
-		if rerr := removeTree(stage); rerr != nil && err == nil {
-			err = fmt.Errorf("template: cleanup staging: %w", rerr)
-		}
-	}()
-	root := filepath.Join(stage, "rootfs")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		return fmt.Errorf("template: staging: %w", err)
-	}
+	defer cleanup(&err)
 	if err := cloneTree(ctx, parentDir, root); err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -68,22 +67,11 @@ func (m *Manager) Import(ctx context.Context, req ImportRequest, fill func(ctx c
 
 func (m *Manager) importTree(ctx context.Context, hx string, req ImportRequest, fill func(ctx context.Context, dir string) error) (err error) {
 	start := time.Now()
-	stage, err := os.MkdirTemp(m.tmpDir(), "import-")
+	root, cleanup, err := m.stageRoot("import-")
 	if err != nil {
-		return fmt.Errorf("template: staging: %w", err)
+		return err
 	}
-	defer func() {
-		if rerr := removeTree(stage); rerr != nil && err == nil {
-			err = fmt.Errorf("template: cleanup staging: %w", rerr)
-		}
-	}()
-	root := filepath.Join(stage, "rootfs")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		return fmt.Errorf("template: staging: %w", err)
-	}
-	if err := os.Chmod(root, 0o755); err != nil {
-		return fmt.Errorf("template: staging: %w", err)
-	}
+	defer cleanup(&err)
 	if err := fill(ctx, root); err != nil {
 		return err
 	}

@@ -735,28 +735,44 @@ func (m *Manager) loadMeta(pl *plan) (rootfsMeta, error) {
 	return meta, nil
 }
 
+// stageRoot makes a staging directory under tmpDir with an empty rootfs
+// directory in it (0755 whatever the umask). cleanup removes the staging
+// directory and reports a failure to do so through *err when nothing
+// failed before.
+func (m *Manager) stageRoot(prefix string) (root string, cleanup func(*error), err error) {
+	stage, err := os.MkdirTemp(m.tmpDir(), prefix)
+	if err != nil {
+		return "", nil, fmt.Errorf("template: staging: %w", err)
+	}
+	cleanup = func(errp *error) {
+		if rerr := removeTree(stage); rerr != nil {
+			m.opts.Logf("template: cleanup %s: %v", stage, rerr)
+			if *errp == nil {
+				*errp = fmt.Errorf("template: cleanup staging: %w", rerr)
+			}
+		}
+	}
+	root = filepath.Join(stage, "rootfs")
+	err = os.Mkdir(root, 0o755)
+	if err == nil {
+		err = os.Chmod(root, 0o755)
+	}
+	if err != nil {
+		var none error
+		cleanup(&none)
+		return "", nil, fmt.Errorf("template: staging: %w", err)
+	}
+	return root, cleanup, nil
+}
+
 // buildRootfs stages, shifts and commits one rootfs.
 func (m *Manager) buildRootfs(ctx context.Context, pl *plan, p Progress) (err error) {
 	start := time.Now()
-	stage, err := os.MkdirTemp(m.tmpDir(), "build-")
+	root, cleanup, err := m.stageRoot("build-")
 	if err != nil {
-		return fmt.Errorf("template: staging: %w", err)
+		return err
 	}
-	defer func() {
-		if rerr := removeTree(stage); rerr != nil {
-			m.opts.Logf("template: cleanup %s: %v", stage, rerr)
-			if err == nil {
-				err = fmt.Errorf("template: cleanup staging: %w", rerr)
-			}
-		}
-	}()
-	root := filepath.Join(stage, "rootfs")
-	if err := os.Mkdir(root, 0o755); err != nil {
-		return fmt.Errorf("template: staging: %w", err)
-	}
-	if err := os.Chmod(root, 0o755); err != nil {
-		return fmt.Errorf("template: staging: %w", err)
-	}
+	defer cleanup(&err)
 	if err := pl.build(ctx, root, p); err != nil {
 		return err
 	}
