@@ -212,6 +212,15 @@ func (r *Remote) listNodes(ctx context.Context) ([]core.NodeRecord, error) {
 	return nodes, nil
 }
 
+// expireNodeCache forgets the cached registry if it is older than age.
+func (r *Remote) expireNodeCache(age time.Duration) {
+	r.cacheMu.Lock()
+	defer r.cacheMu.Unlock()
+	if time.Since(r.cacheAt) >= age {
+		r.cache = nil
+	}
+}
+
 // dropNodeCache forgets the cached registry and reports whether there was
 // one (so a refusal made on it is worth checking again).
 func (r *Remote) dropNodeCache() bool {

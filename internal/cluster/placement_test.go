@@ -178,3 +178,79 @@ func TestPlacementChurn(t *testing.T) {
 		t.Fatalf("a released placement's room: %v", err)
 	}
 }
+
+// The CI failure of stop 34: a sandbox placed through one replica and
+// deleted through another is freed in the second replica's view only; the
+// first learns of it from the node's next heartbeat. A create through the
+// first replica that finds the fleet full waits for that heartbeat instead
+// of answering a false 429, and a really full fleet is still refused.
+func TestPlacementWaitsForCrossReplicaDeletes(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b := newCountingBackend(1000)
+	srv := httptest.NewServer(NewHandler(b, NewVerifier(secret, "n1", nil), t.Logf))
+	defer srv.Close()
+	heartbeat := func() {
+		if _, err := st.PutNode(ctx, b.record("n1", srv.URL, 2<<30)); err != nil {
+			t.Error(err)
+		}
+	}
+	heartbeat()
+	replica := func(wait time.Duration) *Remote {
+		r, err := NewRemote(RemoteOptions{Store: st, Signer: NewSigner(secret, nil), Link: LinkOptions{Plaintext: true},
+			Timeout: time.Minute, RoomWait: wait})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, other := replica(5*time.Second), replica(0)
+	var ids []string
+	create := func(r *Remote, i int) error {
+		sb := core.Sandbox{ID: fmt.Sprintf("sbx-%016x", i), ProjectID: "p", Template: "minimal", TemplateRef: "minimal",
+			State: core.SandboxCreating, Limits: core.Limits{MemoryBytes: 1 << 30}}
+		node, err := r.Place(ctx, sb)
+		if err != nil {
+			return err
+		}
+		sb.Node = node
+		if _, _, err := st.CreateSandboxOp(ctx, sb, core.Operation{ID: "op-" + sb.ID, ProjectID: "p", Kind: "sandbox.create", Target: sb.ID, State: core.OpSucceeded}, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.StartSandbox(ctx, sb, func(int, string) {}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+		return nil
+	}
+	for i := range 2 {
+		if err := create(a, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heartbeat() // both sandboxes in the registry: n1 is full
+	if err := other.StopSandbox(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	// The node beats 300 ms later (a node does so soon after it frees
+	// room); the create through a must take that room.
+	go func() { time.Sleep(300 * time.Millisecond); heartbeat() }()
+	t0 := time.Now()
+	if err := create(a, 2); err != nil {
+		t.Fatalf("create after a delete through another replica: %v", err)
+	}
+	if d := time.Since(t0); d < 250*time.Millisecond {
+		t.Fatalf("placed after %v, before the heartbeat that shows the room", d)
+	}
+	// Full for real: refused after the wait, saying why.
+	a.o.RoomWait = 300 * time.Millisecond
+	t0 = time.Now()
+	err = create(a, 3)
+	if !errors.Is(err, core.ErrExhausted) || time.Since(t0) < 300*time.Millisecond {
+		t.Fatalf("a full fleet: %v after %v", err, time.Since(t0))
+	}
+}

@@ -36,6 +36,11 @@ type RemoteOptions struct {
 	// NodeCacheTTL: how old the registry used to place and route may be
 	// (0: 250 ms; negative: read it every time).
 	NodeCacheTTL time.Duration
+	// RoomWait: how long a create that finds every node full waits for
+	// heartbeats to show room before it is refused (0: 2 s; negative: no
+	// wait). Another replica's deletes reach this one only through the
+	// nodes' heartbeats, so a refusal on the first look can be false.
+	RoomWait time.Duration
 }
 
 // Remote is core.Runtime over `space node` processes: a scheduler places
@@ -81,6 +86,9 @@ func NewRemote(o RemoteOptions) (*Remote, error) {
 	if o.NodeCacheTTL == 0 {
 		o.NodeCacheTTL = nodeCacheTTL
 	}
+	if o.RoomWait == 0 {
+		o.RoomWait = roomWait
+	}
 	return &Remote{o: o, ns: ns, clients: map[string]*Client{}, reserved: map[string][]pending{}}, nil
 }
 
@@ -122,13 +130,53 @@ func (r *Remote) Place(ctx context.Context, sb core.Sandbox) (string, error) {
 }
 
 // place chooses a node for sb under pc and reserves its capacity there;
-// a refusal made on a cached registry is checked against a fresh one.
+// a refusal made on a cached registry is checked against a fresh one, and
+// one for want of room waits for newer heartbeats (waitRoom).
 func (r *Remote) place(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {
 	node, err := r.placeIn(ctx, sb, pc)
 	if err != nil && r.dropNodeCache() {
 		node, err = r.placeIn(ctx, sb, pc)
 	}
+	if errors.Is(err, core.ErrExhausted) {
+		node, err = r.waitRoom(ctx, sb, pc, err)
+	}
 	return node, err
+}
+
+// roomWait is RemoteOptions.RoomWait's default: two heartbeats of a node
+// that beats every second, which also beats again right after it lets a
+// sandbox go.
+const roomWait = 2 * time.Second
+
+// roomPoll is how often a create waiting for room reads the registry; the
+// waiters share each read (listNodes with this as the cache's age).
+const roomPoll = 100 * time.Millisecond
+
+// waitRoom retries a placement refused for want of room until a heartbeat
+// shows room, RoomWait passes or ctx ends; it returns the last refusal.
+func (r *Remote) waitRoom(ctx context.Context, sb core.Sandbox, pc placeConstraint, refusal error) (string, error) {
+	if r.o.RoomWait < 0 {
+		return "", refusal
+	}
+	t := time.NewTimer(r.o.RoomWait)
+	defer t.Stop()
+	tick := time.NewTicker(roomPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return "", refusal
+		case <-t.C:
+			return "", refusal
+		case <-tick.C:
+		}
+		r.expireNodeCache(roomPoll)
+		node, err := r.placeIn(ctx, sb, pc)
+		if !errors.Is(err, core.ErrExhausted) {
+			return node, err
+		}
+		refusal = err
+	}
 }
 
 func (r *Remote) placeIn(ctx context.Context, sb core.Sandbox, pc placeConstraint) (string, error) {

@@ -106,6 +106,9 @@ type trackedRuntime struct {
 	// added says at which generation each live sandbox came.
 	gen   uint64
 	added map[string]uint64
+	// freed is signalled when a sandbox lets its capacity go, so that the
+	// node heartbeats soon: other replicas learn of a delete only that way.
+	freed chan struct{}
 }
 
 var _ cluster.Generations = (*trackedRuntime)(nil)
@@ -149,6 +152,10 @@ func (t *trackedRuntime) release(id string) {
 		t.gen++
 		delete(t.live, id)
 		delete(t.added, id)
+		select {
+		case t.freed <- struct{}{}:
+		default:
+		}
 	}
 	t.mu.Unlock()
 	t.net.mu.Lock()
@@ -387,7 +394,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	p.engine = core.NewEngine(runCtx, p.store, broker, time.Now, cfg.Logf)
 	p.engine.SetLogger(cfg.Logger)
 	p.rt = &trackedRuntime{runtime: &runtime{Node: p.node, t: p.templates}, max: nc.MaxSandboxes, live: map[string]core.Limits{},
-		gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}, net: netState{creds: map[string][]string{}}}
+		freed: make(chan struct{}, 1), gen: uint64(time.Now().UnixNano()), added: map[string]uint64{}, net: netState{creds: map[string][]string{}}}
 	if p.net != nil {
 		p.rt.eg = &egressRuntime{runtime: p.rt.runtime, net: p.net, logf: cfg.Logf}
 	}
@@ -562,6 +569,9 @@ func (p *NodeProcess) resync(ctx context.Context, ids []string) {
 	}
 }
 
+// freedHeartbeatGap spaces the heartbeats sent because capacity was freed.
+const freedHeartbeatGap = 100 * time.Millisecond
+
 func (p *NodeProcess) run(ctx context.Context) {
 	t := time.NewTicker(p.nc.Heartbeat)
 	defer t.Stop()
@@ -571,6 +581,14 @@ func (p *NodeProcess) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.rt.freed:
+			// A sandbox went: beat now (at most every freedHeartbeatGap),
+			// so that replicas which did not stop it see the room.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(freedHeartbeatGap):
+			}
 		}
 		if err := p.heartbeat(ctx); err != nil && ctx.Err() == nil {
 			p.cfg.Logf("heartbeat: %v", err)
