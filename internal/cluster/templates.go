@@ -31,6 +31,8 @@ const (
 	PathTemplateBuild = "/node/v1/template-build"
 	PathTemplateLog   = "/node/v1/template-log"
 	PathObject        = "/node/v1/object"
+	// PathTemplateAdmin deletes, aliases or collects templates on a node.
+	PathTemplateAdmin = "/node/v1/template-admin"
 )
 
 // HeaderBodySum carries the hex SHA-256 of a streamed request body: the
@@ -79,6 +81,27 @@ type TemplateBuilder interface {
 	// TemplateObject returns an object of a template tree this node
 	// advertises (a manifest or one of its chunks), nothing else.
 	TemplateObject(ctx context.Context, key string) ([]byte, error)
+	// TemplateAdmin deletes, aliases or collects templates on the node
+	// (TemplateAdminReq) and returns the JSON of the result.
+	TemplateAdmin(ctx context.Context, req TemplateAdminReq) (json.RawMessage, error)
+}
+
+// Operations of TemplateAdminReq.
+const (
+	TemplateDelete = "delete"
+	TemplateAlias  = "alias"
+	TemplateGC     = "gc"
+)
+
+// TemplateAdminReq is one delete, alias or collection a replica sends to
+// every ready node. At is the replica's time of the change: a delete's
+// tombstone and an alias's layer carry it, so that of two changes to a
+// name the later wins on every node, whichever node saw which.
+type TemplateAdminReq struct {
+	Op    string    `json:"op"`
+	Ref   string    `json:"ref,omitempty"`
+	Alias string    `json:"alias,omitempty"` // the alias's ref
+	At    time.Time `json:"at"`
 }
 
 type logReq struct {
@@ -110,7 +133,7 @@ func TemplateRoutes(next http.Handler, tb TemplateBuilder, v *Verifier, logf fun
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case PathTemplateBuild, PathTemplateLog, PathObject:
+		case PathTemplateBuild, PathTemplateLog, PathObject, PathTemplateAdmin:
 		default:
 			next.ServeHTTP(w, r)
 			return
@@ -134,6 +157,27 @@ func TemplateRoutes(next http.Handler, tb TemplateBuilder, v *Verifier, logf fun
 			return
 		}
 		ctx := r.Context()
+		if r.URL.Path == PathTemplateAdmin {
+			var in TemplateAdminReq
+			if err := decode(body, &in); err != nil {
+				writeErr(w, err)
+				return
+			}
+			switch in.Op {
+			case TemplateDelete, TemplateAlias, TemplateGC:
+			default:
+				writeErr(w, fmt.Errorf("template op %.40q: %w", in.Op, core.ErrInvalid))
+				return
+			}
+			out, err := tb.TemplateAdmin(ctx, in)
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(out)
+			return
+		}
 		if r.URL.Path == PathObject {
 			var in objectReq
 			if err := decode(body, &in); err != nil {
@@ -396,6 +440,21 @@ func (c *Client) TemplateBuildLog(ctx context.Context, opID string, step int) (i
 	return resp.Body, nil
 }
 
+// TemplateAdmin sends a delete, alias or collection to the node and
+// returns its JSON answer.
+func (c *Client) TemplateAdmin(ctx context.Context, req TemplateAdminReq) (json.RawMessage, error) {
+	resp, err := c.post(ctx, PathTemplateAdmin, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %v: %w", c.Name, err, core.ErrUnavailable)
+	}
+	return raw, nil
+}
+
 // Object returns an object of a template tree the node advertises,
 // refusing one larger than max.
 func (c *Client) Object(ctx context.Context, key string, max int64) ([]byte, error) {
@@ -504,6 +563,11 @@ func (r *Remote) TemplateBuildLog(ctx context.Context, opID string, step int) (i
 		}
 	}
 	return nil, fmt.Errorf("no ready node has logs of build %s: %w", opID, core.ErrNotFound)
+}
+
+// NodeClient returns the client of node name (ErrNotFound: no such node).
+func (r *Remote) NodeClient(ctx context.Context, name string) (*Client, error) {
+	return r.client(ctx, name)
 }
 
 // ReadyNodes returns the nodes (not replicas) whose heartbeat is fresh.

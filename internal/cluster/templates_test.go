@@ -49,6 +49,10 @@ func (p *peerBuilder) TemplateBuildLog(ctx context.Context, opID string, step in
 	return nil, core.ErrNotFound
 }
 
+func (p *peerBuilder) TemplateAdmin(ctx context.Context, req TemplateAdminReq) (json.RawMessage, error) {
+	return json.Marshal(req)
+}
+
 func (p *peerBuilder) TemplateObject(ctx context.Context, key string) ([]byte, error) {
 	data, err := p.s.ReadLocal(key, 1<<30)
 	if errors.Is(err, os.ErrNotExist) {

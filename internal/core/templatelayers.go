@@ -24,4 +24,8 @@ type TemplateLayer struct {
 	// CreatedAt is when the builder pointed the name at the tree: of two
 	// builds of a name, the later wins on every node.
 	CreatedAt time.Time `json:"created_at"`
+	// Deleted marks a tombstone: the name was deleted at CreatedAt, and
+	// every node drops an older build of it (one that was away at the
+	// delete included) instead of copying it back to the others.
+	Deleted bool `json:"deleted,omitempty"`
 }

@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"time"
 
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/cluster"
@@ -22,7 +24,10 @@ import (
 // (cluster.Remote.BuildNode) whose layers the other nodes then copy
 // (nodebuild.go), and build logs are read from the node that ran the
 // build.
-type remoteTemplates struct{ r *cluster.Remote }
+type remoteTemplates struct {
+	r    *cluster.Remote
+	logf func(string, ...any)
+}
 
 var _ api.TemplateAdmin = (*remoteTemplates)(nil)
 
@@ -54,7 +59,7 @@ func (t *remoteTemplates) templates(ctx context.Context) (map[string]*core.Templ
 		}
 		for _, ref := range n.Templates {
 			l, built := newest[ref]
-			if built && layers[ref] != l.Manifest {
+			if built && (l.Deleted || layers[ref] != l.Manifest) {
 				continue // an older build, or one not copied here yet
 			}
 			ti := out[ref]
@@ -222,16 +227,104 @@ func (t *remoteTemplates) BuildLog(ctx context.Context, opID string, step int) (
 	return f, nil, nil
 }
 
-var errRemoteTemplateAdmin = fmt.Errorf("template aliases, deletes and collection are not available with remote nodes yet: %w", core.ErrUnavailable)
+// DeleteTemplate implements api.TemplateAdmin: the first node that has
+// the template and answers checks and deletes it as a single host would
+// (builtins and templates in use are refused), then every other ready
+// node; each leaves a tombstone, so a node that was away drops its copy
+// when it is back.
+func (t *remoteTemplates) DeleteTemplate(ctx context.Context, ref string) error {
+	ti, err := t.GetTemplate(ctx, ref)
+	if err != nil {
+		return err
+	}
+	req := cluster.TemplateAdminReq{Op: cluster.TemplateDelete, Ref: ref, At: time.Now().UTC()}
+	_, _, err = t.first(ctx, ti.Nodes, req)
+	return err
+}
 
-// DeleteTemplate, AliasTemplate and GCTemplates implement
-// api.TemplateAdmin; remoteRefusals answers them first.
-func (t *remoteTemplates) DeleteTemplate(context.Context, string) error {
-	return errRemoteTemplateAdmin
+// AliasTemplate implements api.TemplateAdmin: every ready node that has
+// the template makes the alias; the others copy it like a build.
+func (t *remoteTemplates) AliasTemplate(ctx context.Context, ref, alias string) (core.TemplateInfo, error) {
+	ti, err := t.GetTemplate(ctx, ref)
+	if err != nil {
+		return core.TemplateInfo{}, err
+	}
+	req := cluster.TemplateAdminReq{Op: cluster.TemplateAlias, Ref: ref, Alias: alias, At: time.Now().UTC()}
+	raw, done, err := t.first(ctx, ti.Nodes, req)
+	if err != nil {
+		return core.TemplateInfo{}, err
+	}
+	var out core.TemplateInfo
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return core.TemplateInfo{}, fmt.Errorf("alias result: %v: %w", err, core.ErrUnavailable)
+	}
+	out.Nodes = done
+	return out, nil
 }
-func (t *remoteTemplates) AliasTemplate(context.Context, string, string) (core.TemplateInfo, error) {
-	return core.TemplateInfo{}, errRemoteTemplateAdmin
+
+// GCTemplates implements api.TemplateAdmin: every ready node collects
+// its own unreferenced layers; the result lists what each removed.
+func (t *remoteTemplates) GCTemplates(ctx context.Context) (api.TemplateGCResult, error) {
+	nodes, err := t.r.ReadyNodes(ctx)
+	if err != nil {
+		return api.TemplateGCResult{}, err
+	}
+	if len(nodes) == 0 {
+		return api.TemplateGCResult{}, fmt.Errorf("no ready node: %w", core.ErrUnavailable)
+	}
+	res := api.TemplateGCResult{Removed: []string{}}
+	var errs []error
+	for _, n := range nodes {
+		c, err := t.r.NodeClient(ctx, n.Name)
+		if err == nil {
+			var raw json.RawMessage
+			if raw, err = c.TemplateAdmin(ctx, cluster.TemplateAdminReq{Op: cluster.TemplateGC, At: time.Now().UTC()}); err == nil {
+				var one api.TemplateGCResult
+				if err = json.Unmarshal(raw, &one); err == nil {
+					res.Removed = append(res.Removed, one.Removed...)
+				}
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+		}
+	}
+	sort.Strings(res.Removed)
+	res.Removed = slices.Compact(res.Removed)
+	return res, errors.Join(errs...)
 }
-func (t *remoteTemplates) GCTemplates(context.Context) (api.TemplateGCResult, error) {
-	return api.TemplateGCResult{}, errRemoteTemplateAdmin
+
+// first sends req to the nodes named in turn until one does it (one that
+// cannot be reached is passed by; any other refusal, such as a template in
+// use, is the answer), then to the rest, whose failures are only logged:
+// their peers' heartbeats carry the change to them. It returns the first
+// answer and the nodes that did it.
+func (t *remoteTemplates) first(ctx context.Context, names []string, req cluster.TemplateAdminReq) (json.RawMessage, []string, error) {
+	var (
+		answer json.RawMessage
+		done   []string
+		err    error = fmt.Errorf("no ready node: %w", core.ErrUnavailable)
+	)
+	for _, name := range names {
+		c, cerr := t.r.NodeClient(ctx, name)
+		if cerr == nil {
+			var raw json.RawMessage
+			if raw, cerr = c.TemplateAdmin(ctx, req); cerr == nil {
+				if answer == nil {
+					answer = raw
+				}
+				done = append(done, name)
+				continue
+			}
+		}
+		if answer == nil && !errors.Is(cerr, core.ErrUnavailable) && !errors.Is(cerr, core.ErrNotFound) {
+			return nil, nil, cerr
+		}
+		err = cerr
+		t.logf("template %s on node %s: %v (its peers' heartbeats carry it there)", req.Op, name, cerr)
+	}
+	if answer == nil {
+		return nil, nil, err
+	}
+	return answer, done, nil
 }

@@ -105,18 +105,23 @@ func (b *nodeBuilds) manifests() []string {
 	defer b.mu.Unlock()
 	out := make([]string, 0, len(b.layers))
 	for _, l := range b.layers {
-		out = append(out, l.Manifest)
+		if !l.Deleted {
+			out = append(out, l.Manifest)
+		}
 	}
 	return out
 }
 
-// adverts returns the layers whose name still points at their tree here.
+// adverts returns the layers whose name still points at their tree here,
+// and the tombstones of deleted names.
 func (b *nodeBuilds) adverts() []core.TemplateLayer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out []core.TemplateLayer
 	for ref, l := range b.layers {
-		if tp, err := b.p.tm.Get(ref); err == nil && tp.Digest == l.Digest {
+		if l.Deleted {
+			out = append(out, l)
+		} else if tp, err := b.p.tm.Get(ref); err == nil && tp.Digest == l.Digest {
 			out = append(out, l)
 		}
 	}
@@ -364,11 +369,23 @@ func (b *nodeBuilds) syncOnce(ctx context.Context, maxAge time.Duration) {
 		key := ref + " " + c.layer.Manifest
 		wait := now.Before(b.failed[key])
 		b.mu.Unlock()
-		if have && mine.Manifest == c.layer.Manifest {
-			continue
+		if have && (mine.Manifest == c.layer.Manifest && mine.Deleted == c.layer.Deleted || !c.layer.CreatedAt.After(mine.CreatedAt)) {
+			continue // as new here (a tombstone here beats an older build a peer still has)
 		}
 		if tp, err := b.p.tm.Get(ref); err == nil && !c.layer.CreatedAt.After(tp.CreatedAt) {
 			continue // this node's build of the name is as new
+		}
+		if c.layer.Deleted {
+			// Deleted while this node was away (or its build was older):
+			// drop it here too; while a sandbox still uses it, keep it
+			// out of the heartbeat and try again.
+			if err := b.tombstone(ctx, c.layer); err != nil {
+				stale[ref] = true
+				if ctx.Err() == nil {
+					b.p.cfg.Logf("template %s: deleted on the other nodes, not here yet: %v", displayName(ref), err)
+				}
+			}
+			continue
 		}
 		stale[ref] = true
 		if wait {
@@ -386,6 +403,57 @@ func (b *nodeBuilds) syncOnce(ctx context.Context, maxAge time.Duration) {
 		}
 		delete(stale, ref)
 	}
+}
+
+// tombstone removes ref's template here if it has one (refused while a
+// sandbox uses it) and records the tombstone t.
+func (b *nodeBuilds) tombstone(ctx context.Context, t core.TemplateLayer) error {
+	if err := b.p.templates.DeleteTemplate(ctx, t.Ref); err != nil && !errors.Is(err, core.ErrNotFound) {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.layers[t.Ref] = core.TemplateLayer{Ref: t.Ref, Deleted: true, CreatedAt: t.CreatedAt}
+	return b.save()
+}
+
+// TemplateAdmin implements cluster.TemplateBuilder: a delete (with the
+// single host's checks: builtins and templates in use are refused) leaves
+// a tombstone the other nodes follow; an alias is advertised like a build
+// of the alias, on the source's tree; a collection is this node's.
+func (b *nodeBuilds) TemplateAdmin(ctx context.Context, req cluster.TemplateAdminReq) (json.RawMessage, error) {
+	switch req.Op {
+	case cluster.TemplateDelete:
+		if err := b.tombstone(ctx, core.TemplateLayer{Ref: req.Ref, CreatedAt: req.At.UTC()}); err != nil {
+			return nil, err
+		}
+		return json.Marshal(map[string]bool{"deleted": true})
+	case cluster.TemplateAlias:
+		info, err := b.p.templates.AliasTemplate(ctx, req.Ref, req.Alias)
+		if err != nil {
+			return nil, err
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if src, ok := b.layers[req.Ref]; ok && !src.Deleted {
+			src.Ref, src.CreatedAt = req.Alias, req.At.UTC()
+			b.layers[req.Alias] = src
+		} else {
+			delete(b.layers, req.Alias) // an alias of a builtin: every node has it
+		}
+		if err := b.save(); err != nil {
+			return nil, err
+		}
+		info.Nodes = []string{b.p.cfg.NodeName}
+		return json.Marshal(info)
+	case cluster.TemplateGC:
+		res, err := b.p.templates.GCTemplates(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(res)
+	}
+	return nil, fmt.Errorf("template op %.40q: %w", req.Op, core.ErrInvalid)
 }
 
 // isStale reports whether a peer has a newer build of ref than this node.

@@ -20,9 +20,9 @@ import (
 // credential store.
 var errRemoteCredentials = fmt.Errorf("egress credentials are not available on this server: start the replicas with --credential-keys (the operator keys of the credential store they share): %w", core.ErrUnavailable)
 
-// remoteRefusals wraps the control API: template aliases, deletes and
-// collection answer 503 at once instead of an operation that fails later,
-// and so do builds while no node is ready to run them.
+// remoteRefusals wraps the control API: template builds answer 503 at
+// once while no node is ready to run them, instead of an operation that
+// fails later.
 func remoteRefusals(next http.Handler, r *cluster.Remote) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		p := req.URL.Path
@@ -36,11 +36,8 @@ func remoteRefusals(next http.Handler, r *cluster.Remote) http.Handler {
 					"template builds run on the nodes and no node is ready to run one: %v", err))
 				return
 			}
-			next.ServeHTTP(w, req)
-			return
 		}
-		httpx.WriteError(w, httpx.Errorf(http.StatusServiceUnavailable, "unavailable",
-			"template aliases, deletes and collection are not available with remote nodes yet (builds are)"))
+		next.ServeHTTP(w, req)
 	})
 }
 

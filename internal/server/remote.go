@@ -146,7 +146,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 		}})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
-		Templates: &remoteTemplates{r: remote}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL, SandboxDomain: cfg.SandboxDomain,
+		Templates: &remoteTemplates{r: remote, logf: cfg.Logf}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL, SandboxDomain: cfg.SandboxDomain,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, Credentials: noRemoteCredentials{},
 		Info: func() api.Info {
 			egress, ranges := remoteEgress(remote, cfg.NodeTimeout)

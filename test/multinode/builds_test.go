@@ -220,10 +220,7 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 		c.onEveryNode(a, b, "up", "cat /etc/upload.txt", "from-the-archive\n")
 	}
 
-	// What is still refused with remote nodes.
-	if st, m := c.call(a, "POST", "/v1/templates/hello/alias", map[string]any{"alias": "hello2"}); st != 503 {
-		t.Errorf("alias: %d %v, want 503", st, m)
-	}
+	fleetTemplateAdmin(c, a, b, want)
 	if snapStore != "" {
 		return
 	}
@@ -244,6 +241,52 @@ func fleetBuild(t *testing.T, nodes int, snapStore, copiedFrom string) {
 	e, _ := m["error"].(map[string]any)
 	if st != 503 || e["code"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "no node is ready") {
 		t.Fatalf("build with no node up: %d %v, want 503 unavailable", st, m)
+	}
+}
+
+// fleetTemplateAdmin: an alias made through one replica is on every node;
+// a builtin cannot be deleted; a delete through the other replica while a
+// node is away removes the template everywhere, and the node that missed
+// it drops its copy when it is back (the tombstone wins over its older
+// build) while the alias keeps working; a collection runs on every node.
+func fleetTemplateAdmin(c *cluster, a, b *proc, want []string) {
+	t := c.t
+	t.Helper()
+	if st, m := c.call(a, "POST", "/v1/templates/hello/alias", map[string]any{"alias": "hello2"}); st != 200 {
+		t.Fatalf("alias: %d %v", st, m)
+	}
+	for deadline := time.Now().Add(60 * time.Second); !slices.Equal(c.templateNodes(b, "hello2"), want); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("alias hello2 on %v, want %v", c.templateNodes(b, "hello2"), want)
+		}
+	}
+	admin := c.adminKey()
+	if st, m := c.as(admin, b, "DELETE", "/v1/templates/minimal", nil); st != 409 {
+		t.Errorf("delete a builtin: %d %v, want 409", st, m)
+	}
+	away := c.nodes[0]
+	away.signal(syscall.SIGTERM)
+	time.Sleep(500 * time.Millisecond)
+	if st, m := c.call(b, "DELETE", "/v1/templates/hello", nil); st != 204 {
+		t.Fatalf("delete: %d %v", st, m)
+	}
+	away.start(t) // back, with its older build of hello on disk
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if st, m := c.call(a, "GET", "/v1/templates/hello", nil); st != 404 {
+			t.Fatalf("hello after its delete (node %s was away): %d %v, want 404", away.name, st, m)
+		}
+	}
+	// Placement reads each node's own list: a node still offering hello
+	// would take this create.
+	if st, m := c.call(b, "POST", "/v1/sandboxes", map[string]any{"template": "hello"}); st != 404 {
+		t.Fatalf("create of deleted hello once node %s is back: %d %v, want 404", away.name, st, m)
+	}
+	if got := c.templateNodes(a, "hello2"); !slices.Equal(got, want) {
+		t.Fatalf("alias hello2 after the delete of hello on %v, want %v", got, want)
+	}
+	c.onEveryNode(a, b, "hello2", buildsCheck, "rebuilt\nfrom-the-context\nhi-from-env\n")
+	if st, m := c.as(admin, a, "POST", "/v1/templates/gc", nil); st != 200 {
+		t.Errorf("gc: %d %v", st, m)
 	}
 }
 

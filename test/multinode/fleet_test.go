@@ -132,9 +132,6 @@ func TestFleetRefusals(t *testing.T) {
 		{"DELETE", "/v1/credentials/cred-0123456789abcdef", nil, "credentials"},
 		{"POST", "/v1/sandboxes", map[string]any{"template": "minimal", "network": map[string]any{"mode": "allowlist",
 			"allow": []string{"api.test"}, "credentials": []string{"cred-0123456789abcdef"}}}, "credentials"},
-		{"POST", "/v1/templates/minimal/alias", map[string]any{"alias": "m2"}, "template aliases"},
-		{"DELETE", "/v1/templates/minimal", nil, "template aliases"},
-		{"POST", "/v1/templates/gc", nil, "template aliases"},
 	} {
 		st, m := c.call(s, tc.method, tc.path, tc.body)
 		e, _ := m["error"].(map[string]any)
