@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -327,6 +328,104 @@ func TestChartMatchesHelm(t *testing.T) {
 	for name, vals := range chartRefusals {
 		if out, err := run(vals, "template", "space", chartDir, "--namespace", namespace); err == nil {
 			t.Errorf("%s: helm template rendered it:\n%s", name, out[:min(len(out), 400)])
+		}
+	}
+}
+
+// helmCommand matches the helm install commands of the docs.
+var helmCommand = regexp.MustCompile(`(?:helm|\$HELM) install space deploy/helm/space ([^\n]*)`)
+
+// docHelmInstalls returns the values of every `helm install` the file
+// shows, from its --set and --set-file flags (shell substitutions and
+// file contents become placeholders).
+func docHelmInstalls(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.ReplaceAll(string(raw), "\\\n", " ")
+	var out []map[string]any
+	for _, m := range helmCommand.FindAllStringSubmatch(text, -1) {
+		vals := map[string]any{}
+		f := strings.Fields(m[1])
+		for i := 0; i < len(f); i++ {
+			if f[i] != "--set" && f[i] != "--set-file" {
+				continue
+			}
+			if i+1 >= len(f) {
+				t.Fatalf("%s: %s without a value", path, f[i])
+			}
+			k, v, ok := strings.Cut(f[i+1], "=")
+			if !ok {
+				t.Fatalf("%s: %s %s: no key=value", path, f[i], f[i+1])
+			}
+			var val any = strings.Trim(v, `'"`)
+			switch {
+			case f[i] == "--set-file" || strings.HasPrefix(v, `"$(`):
+				// A secret from a command or a file: long enough for any.
+				val = strings.Repeat("x", 64)
+			case v == "true" || v == "false":
+				val = v == "true"
+			}
+			setPath(vals, strings.Split(k, "."), val)
+			i++
+		}
+		out = append(out, vals)
+	}
+	return out
+}
+
+func setPath(m map[string]any, path []string, v any) {
+	for _, p := range path[:len(path)-1] {
+		next, ok := m[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[p] = next
+		}
+		m = next
+	}
+	m[path[len(path)-1]] = v
+}
+
+// checkKnown reports --set keys that values.yaml does not have (helm would
+// take them silently).
+func checkKnown(t *testing.T, where string, vals, known map[string]any, prefix string) {
+	t.Helper()
+	for k, v := range vals {
+		kv, ok := known[k]
+		if !ok {
+			t.Errorf("%s: --set %s%s: values.yaml has no such value", where, prefix, k)
+			continue
+		}
+		if sub, ok := v.(map[string]any); ok {
+			ksub, _ := kv.(map[string]any)
+			checkKnown(t, where, sub, ksub, prefix+k+".")
+		}
+	}
+}
+
+// TestChartDocs: the helm install commands of docs/install-kubernetes.md
+// and the chart's README set only values the chart has and render; the
+// one for the cluster of scripts/k8s.sh sets what test/k8s installs.
+func TestChartDocs(t *testing.T) {
+	known, err := chartValues(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range []string{"../../docs/install-kubernetes.md", chartDir + "/README.md"} {
+		installs := docHelmInstalls(t, doc)
+		if len(installs) == 0 {
+			t.Errorf("%s: no helm install command", doc)
+		}
+		for _, vals := range installs {
+			checkKnown(t, doc, vals, known, "")
+			if _, err := renderChart("space", namespace, vals); err != nil {
+				t.Errorf("%s: helm install %v does not render: %v", doc, vals, err)
+			}
+		}
+		if strings.HasSuffix(doc, "install-kubernetes.md") && (len(installs) != 1 || !reflect.DeepEqual(normalize(installs[0]), normalize(localValues))) {
+			t.Errorf("%s: the helm install shown sets %v, test/k8s installs %v", doc, installs, localValues)
 		}
 	}
 }
