@@ -12,6 +12,7 @@
 #                           import it into the cluster (space:local)
 #   scripts/k8s.sh env      shell exports for KUBECONFIG and PATH
 #   scripts/k8s.sh bin      the directory of kubectl and the other Kubernetes binaries
+#   scripts/k8s.sh helm     build helm (cached, part of build too) and print its path
 #
 # Everything lives under $K8S_STATE (default /var/lib/space-k8s); the
 # listeners are on 127.0.0.1. Only what this script created is removed.
@@ -23,6 +24,7 @@ K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CNI_VERSION=${CNI_VERSION:-v1.10.0}
+HELM_VERSION=${HELM_VERSION:-v4.3.1}
 K8S_CACHE=${K8S_CACHE:-/var/cache/space/k8s}
 K8S_STATE=${K8S_STATE:-/var/lib/space-k8s}
 
@@ -126,11 +128,30 @@ setup_kubernetes() {
   ./bin/kubectl version --client
 }
 
+# helm, with its Kubernetes modules moved to the cluster's release (the
+# same packages the Kubernetes build compiles, so the Go build cache shares
+# them) and its version stamped as its Makefile does.
+setup_helm() {
+  local sv
+  sv=$(staging_version)
+  go mod init space.local/helmbuild
+  go get "helm.sh/helm/v4@$2"
+  local gomod mods
+  gomod=$(go env GOMODCACHE)/cache/download/helm.sh/helm/v4/@v/$2.mod
+  mods=$(sed -n 's#^\s*\(k8s\.io/\(api\|apiextensions-apiserver\|apimachinery\|apiserver\|cli-runtime\|client-go\|component-base\|kubectl\)\) v0\..*#\1@'"$sv"'#p' "$gomod")
+  # shellcheck disable=SC2086
+  go get $mods
+  LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$2 -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+    gobuild -o bin/helm helm.sh/helm/v4/cmd/helm
+  ./bin/helm version
+}
+
 cmd_build() {
   build_one etcd "$ETCD_VERSION" setup_etcd
   build_one containerd "$CONTAINERD_VERSION" setup_containerd
   build_one cni "$CNI_VERSION" setup_cni
   build_one kubernetes "$K8S_VERSION" setup_kubernetes
+  build_one helm "$HELM_VERSION" setup_helm
   echo "$K8S_CACHE"
 }
 
@@ -554,7 +575,8 @@ case "${1:-}" in
   status) cmd_status ;;
   image) cmd_image ;;
   bin) echo "$KUBE_BIN" ;;
+  helm) build_one helm "$HELM_VERSION" setup_helm; echo "$(bindir helm "$HELM_VERSION")/helm" ;;
   built) for d in "$ETCD_BIN" "$CTRD_BIN" "$CNI_BIN" "$KUBE_BIN"; do [ -f "$(dirname "$d")/DONE" ] || exit 1; done ;;
   env) echo "export KUBECONFIG=$PKI/admin.kubeconfig PATH=$KUBE_BIN:$CTRD_BIN:\$PATH" ;;
-  *) echo "usage: $0 build|built|up|down|status|image|env|bin" >&2; exit 2 ;;
+  *) echo "usage: $0 build|built|up|down|status|image|env|bin|helm" >&2; exit 2 ;;
 esac

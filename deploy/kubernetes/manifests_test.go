@@ -92,9 +92,16 @@ func load(t *testing.T, dir string) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{Accounts: map[string]corev1.ServiceAccount{}, Secrets: map[string]corev1.Secret{}, ConfigMaps: map[string]corev1.ConfigMap{}, Used: r.Used}
+	return decode(t, r.Objects, r.Used)
+}
+
+// decode decodes rendered objects strictly by their kind (the kustomize
+// layouts' or the Helm chart's).
+func decode(t *testing.T, objs []object, used map[string]bool) *cluster {
+	t.Helper()
+	c := &cluster{Accounts: map[string]corev1.ServiceAccount{}, Secrets: map[string]corev1.Secret{}, ConfigMaps: map[string]corev1.ConfigMap{}, Used: used}
 	seen := map[string]bool{}
-	for _, o := range r.Objects {
+	for _, o := range objs {
 		if seen[o.id()] {
 			t.Errorf("%s defined twice", o.id())
 		}
@@ -176,12 +183,6 @@ func load(t *testing.T, dir string) *cluster {
 // Secrets the user creates outside the kustomization.
 func checkCommon(t *testing.T, c *cluster, privileged []string, external ...string) {
 	t.Helper()
-	if len(c.Namespaces) != 1 || c.Namespaces[0].Name != namespace {
-		t.Fatalf("want exactly the Namespace %q, have %v", namespace, c.Namespaces)
-	}
-	if c.Namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
-		t.Error("the namespace must admit the privileged server pods (pod-security enforce=privileged)")
-	}
 	if len(c.Workloads) == 0 {
 		t.Fatal("no workloads")
 	}
@@ -1208,9 +1209,22 @@ func privilegedOf(dir string) ([]string, []string) {
 	panic("unknown variant " + dir)
 }
 
+// checkNamespace: a kustomization makes the namespace, and it must admit
+// privileged pods (the Helm chart leaves it to the user, README.md).
+func checkNamespace(t *testing.T, c *cluster) {
+	t.Helper()
+	if len(c.Namespaces) != 1 || c.Namespaces[0].Name != namespace {
+		t.Fatalf("want exactly the Namespace %q, have %v", namespace, c.Namespaces)
+	}
+	if c.Namespaces[0].Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Error("the namespace must admit the privileged server pods (pod-security enforce=privileged)")
+	}
+}
+
 func loadVariant(t *testing.T, dir string) *cluster {
 	t.Helper()
 	c := load(t, dir)
+	checkNamespace(t, c)
 	priv, ext := privilegedOf(dir)
 	checkCommon(t, c, priv, ext...)
 	return c
