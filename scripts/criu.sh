@@ -9,6 +9,9 @@
 # trixie carries 4.1.1; its source is fetched through apt (a deb-src line in
 # its own sources file, so apt verifies the archive's signature and hashes)
 # and built against bookworm's development packages, without docs.
+# scripts/criu-patches/*.patch are applied to the source first (each says
+# why); the DONE marker records the build (version + patch level), so a new
+# patch rebuilds.
 # The namespace driver finds the binary with `space server --criu PATH`, the
 # SPACE_CRIU environment variable, or on PATH.
 set -euo pipefail
@@ -16,12 +19,14 @@ CRIU_VERSION=${CRIU_VERSION:-4.1.1}
 CRIU_CACHE=${CRIU_CACHE:-/var/cache/space/criu}
 dir=$CRIU_CACHE/$CRIU_VERSION
 bin=$dir/criu
-if [ -f "$dir/DONE" ] && [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
+patches=$(cd "$(dirname "$0")" && pwd)/criu-patches
+build="$CRIU_VERSION+space1"
+if [ "$(cat "$dir/DONE" 2>/dev/null)" = "$build" ] && [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
   echo "$bin"
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-build_deps=(gcc make pkg-config python3 xz-utils libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
+build_deps=(gcc make patch pkg-config python3 xz-utils libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
   protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev libgnutls28-dev
   libnftables-dev libbsd-dev iproute2 iptables)
 missing=()
@@ -51,6 +56,10 @@ trap 'rm -rf "$work"' EXIT
   apt-get source --download-only --tar-only "criu=$debver" >&2
   tar -xf "criu_$CRIU_VERSION.orig.tar.xz"
   cd "criu-$CRIU_VERSION"
+  for p in "$patches"/*.patch; do
+    [ -e "$p" ] || continue
+    patch -p1 --forward --quiet < "$p" >&2
+  done
   # Only the binary: no docs (asciidoc), no Python library, no plugins.
   make -j"$(nproc)" criu >&2
 )
@@ -64,5 +73,5 @@ mv -f "$bin.tmp" "$bin"
 if ! "$bin" check >&2; then
   echo "criu.sh: warning: '$bin check' failed on this kernel" >&2
 fi
-echo "$CRIU_VERSION" > "$dir/DONE"
+echo "$build" > "$dir/DONE"
 echo "$bin"
