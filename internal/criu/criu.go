@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -138,6 +139,9 @@ func Probe(ctx context.Context, explicit string) (path, version string, err erro
 type ExternalFile struct {
 	MntID int    // mnt_id from /proc/<pid>/fdinfo/<fd>
 	Inode uint64 // st_ino of the file
+	// Path is where the host sees it (ExternalFiles fills it in; not part
+	// of the key): what a restore reopens, or a new file in its place.
+	Path string
 }
 
 // Key is the name CRIU gives the file in its image (hex numbers), which
@@ -200,6 +204,10 @@ type RestoreOptions struct {
 	ExternalMounts map[string]string
 	// Inherit maps an external file's key (ExternalFile.Key, or
 	// "pipe:[inode]") to the descriptor the restored tree gets instead.
+	// CRIU reopens a regular file through /proc/self/fd as the restored
+	// task, so the file must be one the tree's root may open (e.g. a
+	// log owned by its host uid), and refuses one whose mode differs
+	// from the dumped file's.
 	Inherit map[string]*os.File
 	// LogDir receives restore.log (default ImageDir, which may be
 	// read-only for a shared image).
@@ -310,14 +318,16 @@ func logErrors(log string, out []byte) string {
 
 // errorLines picks up to n "Error" lines of CRIU output, skipping the
 // RLIMIT_NOFILE complaint it prints on every run where it may not raise
-// its own limit (harmless).
+// its own limit, and ip(8)'s about loopback's address while a network
+// namespace is restored (both harmless).
 func errorLines(text string, n int) string {
 	var picked []string
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
-		if !strings.Contains(line, "Error") || strings.Contains(line, "RLIMIT_NOFILE") {
+		if !strings.Contains(line, "Error") || strings.Contains(line, "RLIMIT_NOFILE") ||
+			strings.Contains(line, "already assigned") { // ip(8) re-adding loopback's address
 			continue
 		}
 		picked = append(picked, line)
@@ -332,4 +342,106 @@ func errorLines(text string, n int) string {
 		return strings.TrimSpace(text)
 	}
 	return strings.Join(picked, "; ")
+}
+
+// ExternalFiles lists the regular files the tree rooted at pid holds open
+// that its own mount namespace cannot reach (a log on the host, a cgroup
+// file of the host's cgroup mounts), which Dump refuses unless they are
+// named in DumpOptions.ExternalFiles. It reads /proc: call it with the
+// tree frozen, or be ready for a dump that names one more.
+func ExternalFiles(pid int) ([]ExternalFile, error) {
+	mounts, err := mountIDs(pid)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []ExternalFile
+	for _, p := range treePIDs(pid) {
+		fdDir := fmt.Sprintf("/proc/%d/fd", p)
+		ents, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, e := range ents {
+			link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+			if err != nil || !strings.HasPrefix(link, "/") || strings.HasPrefix(link, "/memfd:") {
+				continue // sockets, pipes, anon inodes, memfds: not files on a mount
+			}
+			mnt, err := fdMountID(p, e.Name())
+			if err != nil || mounts[mnt] {
+				continue
+			}
+			fi, err := os.Stat(filepath.Join(fdDir, e.Name()))
+			if err != nil {
+				continue
+			}
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if !ok {
+				continue
+			}
+			f := ExternalFile{MntID: mnt, Inode: st.Ino, Path: link}
+			if k := f.Key(); !seen[k] {
+				seen[k] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return out, nil
+}
+
+// mountIDs are the mount ids of pid's mount namespace.
+func mountIDs(pid int) (map[int]bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, fmt.Errorf("criu: %w", err)
+	}
+	ids := map[int]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if id, err := strconv.Atoi(f[0]); err == nil {
+			ids[id] = true
+		}
+	}
+	return ids, nil
+}
+
+// fdMountID reads mnt_id from /proc/<pid>/fdinfo/<fd>.
+func fdMountID(pid int, fd string) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no mnt_id")
+}
+
+// treePIDs is pid and its descendants (through every thread's children
+// list).
+func treePIDs(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out) && i < 1<<16; i++ {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
 }

@@ -28,7 +28,7 @@ func TestAtLeast(t *testing.T) {
 }
 
 func TestErrorLines(t *testing.T) {
-	log := "(00.1) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.2) Info ok\n(00.3) Error (criu/sk-unix.c:351): unix: Unix socket 5 not found\n"
+	log := "(00.1) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.2) Info ok\nError: ipv4: Address already assigned.\n(00.3) Error (criu/sk-unix.c:351): unix: Unix socket 5 not found\n"
 	if got := errorLines(log, 4); got != "(00.3) Error (criu/sk-unix.c:351): unix: Unix socket 5 not found" {
 		t.Errorf("errorLines = %q", got)
 	}
@@ -50,7 +50,9 @@ func requireCRIU(t *testing.T) string {
 
 // tree is a process tree in new user, mount, pid, net, uts and ipc
 // namespaces on an overlay root, as the namespace driver makes them: a
-// counter in memory written to a tmpfs, and a TCP listener on loopback.
+// counter in memory written to a tmpfs, a TCP listener on loopback, and
+// init's stderr a file on the host (outside its mount namespace), as the
+// agent's init.log is.
 type tree struct {
 	dir  string // holds lower, and upper/work/merged per instance
 	base uint32 // host uid of root inside
@@ -75,7 +77,7 @@ $B pivot_root . .old
 /bin/busybox ip link set lo up
 echo layer > /etc/marker
 : > /tmp/in
-exec /bin/busybox sh -c 'nc -ll -p 8080 -e echo hi </tmp/in >/tmp/out 2>&1 & i=0; while :; do i=$((i+1)); echo $i > /tmp/c; usleep 50000; done' </tmp/in >/tmp/out 2>&1
+exec /bin/busybox sh -c 'nc -ll -p 8080 -e echo hi </tmp/in >/tmp/out 2>&1 & i=0; while :; do i=$((i+1)); echo $i > /tmp/c; usleep 50000; done' </tmp/in >/tmp/out
 `
 
 func newTree(t *testing.T) *tree {
@@ -258,9 +260,27 @@ func TestDumpRestoreFork(t *testing.T) {
 	if err := os.Mkdir(img, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	ext, err := ExternalFiles(tr.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logIno uint64
+	if fi, err := os.Stat(filepath.Join(tr.dir, "init.out")); err == nil {
+		logIno = fi.Sys().(*syscall.Stat_t).Ino
+	}
+	// init.out, and /dev/null as sh opened it before pivot_root.
+	logKey := ""
+	for _, f := range ext {
+		if f.Inode == logIno {
+			logKey = f.Key()
+		}
+	}
+	if logKey == "" {
+		t.Fatalf("external files %+v, want init.out (inode %d) among them", ext, logIno)
+	}
 	t0 := time.Now()
-	err := Dump(ctx, path, DumpOptions{PID: tr.pid, ImageDir: img, LeaveRunning: true,
-		ExternalMounts: map[string]string{"/dev/null": "dev-null"}})
+	err = Dump(ctx, path, DumpOptions{PID: tr.pid, ImageDir: img, LeaveRunning: true,
+		ExternalMounts: map[string]string{"/dev/null": "dev-null"}, ExternalFiles: ext})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,9 +306,35 @@ func TestDumpRestoreFork(t *testing.T) {
 		if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
 			t.Fatal(err)
 		}
+		logPath := filepath.Join(tr.dir, name, "init.out")
+		log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// CRIU reopens an inherited file through /proc/self/fd as the
+		// restored task: the new log must be the tree's root's to open.
+		// It also checks the mode is the dumped file's.
+		if err := log.Chown(int(tr.base), int(tr.base)); err != nil {
+			t.Fatal(err)
+		}
+		if err := log.Chmod(0o644); err != nil { // init.out's, from os.Create
+			t.Fatal(err)
+		}
+		inherit := map[string]*os.File{logKey: log}
+		for _, f := range ext {
+			if f.Key() != logKey { // the same host file again
+				o, err := os.OpenFile(f.Path, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer o.Close()
+				inherit[f.Key()] = o
+			}
+		}
 		t1 := time.Now()
 		pid, err := Restore(ctx, path, RestoreOptions{ImageDir: img, Root: root, LogDir: filepath.Join(tr.dir, name),
-			ExternalMounts: map[string]string{"dev-null": "/dev/null"}})
+			ExternalMounts: map[string]string{"dev-null": "/dev/null"}, Inherit: inherit})
+		log.Close()
 		took := time.Since(t1)
 		if err != nil {
 			ls, _ := exec.Command("ls", "-lan", img).CombinedOutput()
@@ -308,6 +354,9 @@ func TestDumpRestoreFork(t *testing.T) {
 			t.Fatalf("%s: counter %d, %v after restore; checkpointed at ≥ %d", name, n, err, before)
 		}
 		t.Logf("%s: restore %v, pid %d, counter %d (checkpointed at ≥ %d)", name, took.Round(time.Millisecond), pid, n, before)
+		if got, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/2", pid)); err != nil || got != logPath {
+			t.Errorf("%s: stderr %q, %v; want the inherited %s", name, got, err, logPath)
+		}
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/marker", pid)); err != nil || strings.TrimSpace(string(b)) != "layer" {
 			t.Errorf("%s: overlay file: %q, %v", name, b, err)
 		}
