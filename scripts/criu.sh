@@ -49,7 +49,12 @@ trap 'rm -rf "$work"' EXIT
 (
   cd "$work"
   # The Debian revision is whatever trixie carries for this upstream version.
-  debver=$(apt-cache showsrc criu 2>/dev/null | awk '/^Version:/ {print $2}' | grep "^$CRIU_VERSION-" | sort -V | tail -1)
+  srcver() { apt-cache showsrc criu 2>/dev/null | awk '/^Version:/ {print $2}' | grep "^$CRIU_VERSION-" | sort -V | tail -1; }
+  debver=$(srcver || true)
+  if [ -z "$debver" ] && [ "$updated" = 0 ]; then # lists older than our sources file
+    apt-get update -qq >&2
+    debver=$(srcver || true)
+  fi
   [ -n "$debver" ] || { echo "criu.sh: trixie has no source for criu $CRIU_VERSION" >&2; exit 1; }
   # --tar-only: the upstream tarball is all the build needs (and all some
   # mirrors carry); apt checks it against the signed Sources index.
