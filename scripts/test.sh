@@ -10,6 +10,10 @@ bash scripts/vm-deps.sh
 # gVisor's runsc, pinned and built from the Go module proxy into a cache (a
 # few minutes the first time); the gvisor driver's tests use it.
 export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}
+# CRIU 4.1.1, pinned, built from Debian trixie's upstream tarball into a
+# cache (/var/cache/space/criu; about two minutes the first time, with its
+# build packages); internal/criu's tests and space doctor use it.
+export SPACE_CRIU=${SPACE_CRIU:-$(bash scripts/criu.sh)}
 # etcd, Kubernetes, containerd and the CNI plugins for the single-node
 # cluster test (test/k8s), built from the Go module proxy into a cache
 # (/var/cache/space/k8s). The first build takes 30-75 minutes on two cores,

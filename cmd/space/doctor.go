@@ -16,6 +16,7 @@ func runDoctor(args []string) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "the data dir whose filesystem the disk-quota check looks at")
 	runsc := fs.String("runsc", "", "runsc binary, as space server --runsc (default: scripts/runsc.sh's pinned build, then PATH)")
+	criuBin := fs.String("criu", "", "CRIU binary (default: $SPACE_CRIU, scripts/criu.sh's pinned build, then PATH)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -24,9 +25,9 @@ func runDoctor(args []string) error {
 		return err
 	}
 	if fs.NArg() != 0 {
-		return usagef("usage: space doctor [--data-dir DIR] [--runsc PATH] [--json]")
+		return usagef("usage: space doctor [--data-dir DIR] [--runsc PATH] [--criu PATH] [--json]")
 	}
-	rep := doctor.Probe(context.Background(), doctor.Options{DataDir: *dataDir, Runsc: *runsc})
+	rep := doctor.Probe(context.Background(), doctor.Options{DataDir: *dataDir, Runsc: *runsc, CRIU: *criuBin})
 	name, reason, logs, err := server.ExplainAuto(*runsc)
 	rep.Driver = doctor.Driver{Auto: name, Reason: reason, Log: logs}
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/internal/vmimage"
 )
@@ -63,13 +64,14 @@ type Driver struct {
 }
 
 // CheckNames are the checks Probe makes, in order.
-var CheckNames = []string{"root", "kvm", "firecracker", "qemu", "runsc", "cgroups", "user_namespaces", "overlayfs",
+var CheckNames = []string{"root", "kvm", "firecracker", "qemu", "runsc", "criu", "cgroups", "user_namespaces", "overlayfs",
 	"nftables", "tun", "fuse", "disk_quota", "loop_devices", "mmdebstrap"}
 
 // Options configure Probe.
 type Options struct {
 	DataDir string // whose filesystem the quota check looks at (the nearest existing parent)
 	Runsc   string // as --runsc ("" = the server's search)
+	CRIU    string // a CRIU binary ("" = $SPACE_CRIU, the pinned build, PATH)
 }
 
 // Probe checks the host. It changes nothing on it.
@@ -99,6 +101,8 @@ func Probe(ctx context.Context, o Options) Report {
 	add("qemu", "driver qemu (KVM, or TCG without it)", ok, detail)
 	ok, detail = runsc(ctx, o.Runsc)
 	add("runsc", "driver gvisor", ok, detail)
+	ok, detail = criuCheck(ctx, o.CRIU)
+	add("criu", "driver namespace: processes in snapshots (scripts/criu.sh builds it)", ok, detail)
 	ok, detail = cgroupLayout()
 	add("cgroups", "sandbox limits, pause (freezer), OOM reports", ok, detail)
 	ok, detail = userNamespaces()
@@ -163,6 +167,16 @@ func runsc(ctx context.Context, explicit string) (bool, string) {
 		return false, errText(err)
 	}
 	return true, p + ": " + v
+}
+
+// criuCheck finds CRIU and runs `criu check` (which needs root): its
+// path, version and verdict, or why it cannot be used.
+func criuCheck(ctx context.Context, explicit string) (bool, string) {
+	path, v, err := criu.Probe(ctx, explicit)
+	if err != nil {
+		return false, errText(err)
+	}
+	return true, path + ": " + v + ", criu check: Looks good."
 }
 
 func cgroupLayout() (bool, string) {

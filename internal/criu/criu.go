@@ -1,0 +1,447 @@
+// Package criu runs CRIU (Checkpoint/Restore In Userspace) on a process
+// tree in its own namespaces: finding the pinned build scripts/criu.sh
+// makes, asking it whether it works on this kernel, and dump/restore with
+// the options a SPACE sandbox needs (external bind mounts and files, TCP
+// connections closed rather than restored, a root filesystem the caller
+// mounts). It knows nothing of sandboxes; the namespace driver builds on it.
+//
+// CRIU runs as root on the host and ptraces the sandbox's processes, reads
+// their memory and writes their images: docs/security.md says what that
+// means for the trust boundary.
+package criu
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// PinnedVersion is the CRIU version scripts/criu.sh builds and Find looks
+// for first. Debian bookworm's 3.17 fails on kernels from 6.13 on ("vdso:
+// Unexpected rt vDSO area bounds"); 4.1 is the first that handles them.
+const PinnedVersion = "4.1.1"
+
+// DefaultCache is where scripts/criu.sh puts its builds:
+// <DefaultCache>/<version>/criu, with a DONE marker beside it.
+const DefaultCache = "/var/cache/space/criu"
+
+// EnvVar names the binary to use when no explicit path is given.
+const EnvVar = "SPACE_CRIU"
+
+// ErrUnavailable means there is no usable CRIU: none found, too old, or
+// `criu check` fails on this kernel. Callers fall back to snapshots
+// without processes and say why.
+var ErrUnavailable = errors.New("criu: not available")
+
+// Find returns the CRIU binary to use: explicit if set, else $SPACE_CRIU,
+// else the pinned build in DefaultCache, else criu on PATH.
+func Find(explicit string) (string, error) {
+	if explicit == "" {
+		explicit = os.Getenv(EnvVar)
+	}
+	if explicit != "" {
+		p, err := exec.LookPath(explicit)
+		if err != nil {
+			return "", fmt.Errorf("criu %q: %w: %w", explicit, err, ErrUnavailable)
+		}
+		return filepath.Abs(p)
+	}
+	pinned := filepath.Join(DefaultCache, PinnedVersion, "criu")
+	if fi, err := os.Stat(pinned); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		return pinned, nil
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		return filepath.Abs(p)
+	}
+	return "", fmt.Errorf("no criu (looked at $%s, %s and on PATH; build it with scripts/criu.sh): %w", EnvVar, pinned, ErrUnavailable)
+}
+
+// Version runs `criu --version` and returns the version it reports
+// ("4.1.1"). Versions before 4.1 are refused with ErrUnavailable.
+func Version(ctx context.Context, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w: %s: %w", path, err, bytes.TrimSpace(out), ErrUnavailable)
+	}
+	v := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:"); ok {
+			v = strings.TrimSpace(rest)
+		}
+	}
+	if v == "" {
+		return "", fmt.Errorf("%s --version: no version in %q: %w", path, bytes.TrimSpace(out), ErrUnavailable)
+	}
+	if !atLeast(v, 4, 1) {
+		return v, fmt.Errorf("criu %s at %s is older than 4.1 and cannot checkpoint on current kernels: %w", v, path, ErrUnavailable)
+	}
+	return v, nil
+}
+
+// atLeast reports whether version v ("4.1.1") is at least major.minor.
+func atLeast(v string, major, minor int) bool {
+	f := strings.SplitN(v, ".", 3)
+	if len(f) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(f[0])
+	mi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// Check runs `criu check` (root only) and returns its verdict ("Looks
+// good."); a failure wraps ErrUnavailable with CRIU's own error lines.
+func Check(ctx context.Context, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "check").CombinedOutput()
+	text := strings.TrimSpace(string(out))
+	if err != nil || !strings.Contains(text, "Looks good") {
+		return "", fmt.Errorf("%s check: %v: %s: %w", path, err, errorLines(text, 3), ErrUnavailable)
+	}
+	return "Looks good.", nil
+}
+
+// Probe finds CRIU and checks it: the path, its version and check's
+// verdict, or why it cannot be used.
+func Probe(ctx context.Context, explicit string) (path, version string, err error) {
+	if path, err = Find(explicit); err != nil {
+		return "", "", err
+	}
+	if version, err = Version(ctx, path); err != nil {
+		return path, version, err
+	}
+	if _, err = Check(ctx, path); err != nil {
+		return path, version, err
+	}
+	return path, version, nil
+}
+
+// ExternalFile is an open file of the dumped tree that cannot be reached
+// from its own mount namespace (a host log file, a cgroup file the Go
+// runtime keeps open): CRIU records it by key and the restore supplies a
+// descriptor for it.
+type ExternalFile struct {
+	MntID int    // mnt_id from /proc/<pid>/fdinfo/<fd>
+	Inode uint64 // st_ino of the file
+	// Path is where the host sees it (ExternalFiles fills it in; not part
+	// of the key): what a restore reopens, or a new file in its place.
+	Path string
+}
+
+// Key is the name CRIU gives the file in its image (hex numbers), which
+// RestoreOptions.Inherit maps to a descriptor.
+func (f ExternalFile) Key() string { return fmt.Sprintf("file[%x:%x]", f.MntID, f.Inode) }
+
+// DumpOptions are the arguments of Dump.
+type DumpOptions struct {
+	// PID is the host pid of the tree's root (a pid namespace's init).
+	PID int
+	// ImageDir receives the images; it must exist.
+	ImageDir string
+	// LeaveRunning keeps the tree alive after the dump (else CRIU kills it).
+	LeaveRunning bool
+	// ExternalMounts maps a mount point inside the tree that is bound from
+	// outside it (e.g. /dev/null) to the key Restore gets its source by.
+	ExternalMounts map[string]string
+	// ExternalFiles are open files outside the tree's mounts.
+	ExternalFiles []ExternalFile
+	// FreezeCgroup, if set, is the cgroup CRIU freezes to collect the tree
+	// (all of the tree's tasks and nothing else).
+	FreezeCgroup string
+}
+
+// Dump checkpoints the tree rooted at o.PID into o.ImageDir. Established
+// TCP connections are not saved (--tcp-close): a restored tree sees them
+// closed, while listening sockets come back. The network is not locked
+// (--network-lock skip): nothing is saved that a lock would protect.
+// CRIU's log is o.ImageDir/dump.log; an error quotes its error lines.
+func Dump(ctx context.Context, path string, o DumpOptions) error {
+	args := []string{"dump", "-t", strconv.Itoa(o.PID), "-D", o.ImageDir, "-o", "dump.log", "-v2",
+		"--tcp-close", "--network-lock", "skip"}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if o.FreezeCgroup != "" {
+		args = append(args, "--freeze-cgroup", o.FreezeCgroup)
+	}
+	for _, mp := range sortedKeys(o.ExternalMounts) {
+		args = append(args, "--external", "mnt["+mp+"]:"+o.ExternalMounts[mp])
+	}
+	for _, f := range o.ExternalFiles {
+		args = append(args, "--external", f.Key())
+	}
+	out, err := exec.CommandContext(ctx, path, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("criu dump of %d: %w: %s", o.PID, err, logErrors(filepath.Join(o.ImageDir, "dump.log"), out))
+	}
+	return nil
+}
+
+// RestoreOptions are the arguments of Restore.
+type RestoreOptions struct {
+	ImageDir string
+	// Root is the tree's root filesystem, already mounted by the caller
+	// (the mount namespace's root mount is not in the image).
+	Root string
+	// ExternalMounts maps a DumpOptions.ExternalMounts key to the host
+	// path bound there.
+	ExternalMounts map[string]string
+	// Inherit maps an external file's key (ExternalFile.Key, or
+	// "pipe:[inode]") to the descriptor the restored tree gets instead.
+	// CRIU reopens a regular file through /proc/self/fd as the restored
+	// task, so the file must be one the tree's root may open (e.g. a
+	// log owned by its host uid), and refuses one whose mode differs
+	// from the dumped file's.
+	Inherit map[string]*os.File
+	// LogDir receives restore.log (default ImageDir, which may be
+	// read-only for a shared image).
+	LogDir string
+	// Prepare, if set, runs in the criu process before it execs (e.g. to
+	// join the sandbox's cgroups, which the restored tasks inherit): it
+	// is a shell snippet, run by /bin/sh with $$ the criu process.
+	Prepare string
+}
+
+// Restore restores the tree in o.ImageDir, detached, and returns the
+// host pid of its root. The image is only read: one image may be
+// restored any number of times (forks), each into its own Root.
+// Parts of the restore read ImageDir as the tree's own root, others as
+// host uid 0 without capabilities (a task that entered the new user
+// namespace): see ImageDirFor.
+func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
+	logDir := o.LogDir
+	if logDir == "" {
+		logDir = o.ImageDir
+	}
+	pidFile := filepath.Join(logDir, "restore.pid")
+	_ = os.Remove(pidFile)
+	args := []string{"restore", "-D", o.ImageDir, "-W", logDir, "-o", "restore.log", "-v2",
+		"--root", o.Root, "--restore-detached", "--pidfile", pidFile, "--tcp-close"}
+	for _, k := range sortedKeys(o.ExternalMounts) {
+		args = append(args, "--external", "mnt["+k+"]:"+o.ExternalMounts[k])
+	}
+	var extra []*os.File
+	for _, k := range sortedKeys(o.Inherit) {
+		// ExtraFiles[i] is fd 3+i in criu.
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+len(extra), k))
+		extra = append(extra, o.Inherit[k])
+	}
+	var cmd *exec.Cmd
+	if o.Prepare != "" {
+		cmd = exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", o.Prepare + "\nexec \"$0\" \"$@\"", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	cmd.ExtraFiles = extra
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("criu restore: %w: %s", err, logErrors(filepath.Join(logDir, "restore.log"), out))
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, fmt.Errorf("criu restore: pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("criu restore: bad pid file %q", b)
+	}
+	return pid, nil
+}
+
+// ImageDirFor makes dir readable by both identities a restore reads it
+// with, and by no one else: owned by hostUID (the restored tree's root)
+// and group 0, mode 0750; files group-readable (CRIU writes them 0644
+// under the usual umask; this does not widen them).
+func ImageDirFor(dir string, hostUID int) error {
+	if err := os.Chown(dir, hostUID, 0); err != nil {
+		return fmt.Errorf("criu: image dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o750); err != nil {
+		return fmt.Errorf("criu: image dir: %w", err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("criu: image dir: %w", err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("criu: image dir: %w", err)
+		}
+		if fi.Mode().Perm()&0o040 == 0 {
+			if err := os.Chmod(p, fi.Mode().Perm()|0o040); err != nil {
+				return fmt.Errorf("criu: image dir: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// logErrors returns CRIU's error lines from its log (else its output),
+// so that a refused sandbox's snapshot record says why.
+func logErrors(log string, out []byte) string {
+	b, err := os.ReadFile(log)
+	if err != nil || len(b) == 0 {
+		b = out
+	}
+	return errorLines(string(b), 4)
+}
+
+// errorLines picks up to n "Error" lines of CRIU output, skipping the
+// RLIMIT_NOFILE complaint it prints on every run where it may not raise
+// its own limit, and ip(8)'s about loopback's address while a network
+// namespace is restored (both harmless).
+func errorLines(text string, n int) string {
+	var picked []string
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !strings.Contains(line, "Error") || strings.Contains(line, "RLIMIT_NOFILE") ||
+			strings.Contains(line, "already assigned") { // ip(8) re-adding loopback's address
+			continue
+		}
+		picked = append(picked, line)
+		if len(picked) == n {
+			break
+		}
+	}
+	if len(picked) == 0 {
+		if len(text) > 512 {
+			text = text[len(text)-512:]
+		}
+		return strings.TrimSpace(text)
+	}
+	return strings.Join(picked, "; ")
+}
+
+// ExternalFiles lists the regular files the tree rooted at pid holds open
+// that its own mount namespace cannot reach (a log on the host, a cgroup
+// file of the host's cgroup mounts), which Dump refuses unless they are
+// named in DumpOptions.ExternalFiles. It reads /proc: call it with the
+// tree frozen, or be ready for a dump that names one more.
+func ExternalFiles(pid int) ([]ExternalFile, error) {
+	mounts, err := mountIDs(pid)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []ExternalFile
+	for _, p := range treePIDs(pid) {
+		fdDir := fmt.Sprintf("/proc/%d/fd", p)
+		ents, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, e := range ents {
+			link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+			if err != nil || !strings.HasPrefix(link, "/") || strings.HasPrefix(link, "/memfd:") {
+				continue // sockets, pipes, anon inodes, memfds: not files on a mount
+			}
+			mnt, err := fdMountID(p, e.Name())
+			if err != nil || mounts[mnt] {
+				continue
+			}
+			fi, err := os.Stat(filepath.Join(fdDir, e.Name()))
+			if err != nil {
+				continue
+			}
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if !ok {
+				continue
+			}
+			f := ExternalFile{MntID: mnt, Inode: st.Ino, Path: link}
+			if k := f.Key(); !seen[k] {
+				seen[k] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return out, nil
+}
+
+// mountIDs are the mount ids of pid's mount namespace.
+func mountIDs(pid int) (map[int]bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, fmt.Errorf("criu: %w", err)
+	}
+	ids := map[int]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if id, err := strconv.Atoi(f[0]); err == nil {
+			ids[id] = true
+		}
+	}
+	return ids, nil
+}
+
+// fdMountID reads mnt_id from /proc/<pid>/fdinfo/<fd>.
+func fdMountID(pid int, fd string) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no mnt_id")
+}
+
+// treePIDs is pid and its descendants (through every thread's children
+// list).
+func treePIDs(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out) && i < 1<<16; i++ {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					out = append(out, n)
+				}
+			}
+		}
+	}
+	return out
+}

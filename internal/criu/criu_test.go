@@ -1,0 +1,369 @@
+package criu
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/uidpool"
+	"golang.org/x/sys/unix"
+)
+
+func TestAtLeast(t *testing.T) {
+	for v, want := range map[string]bool{"4.1.1": true, "4.1": true, "4.2": true, "5.0": true, "3.17.1": false, "4.0": false, "x": false} {
+		if got := atLeast(v, 4, 1); got != want {
+			t.Errorf("atLeast(%q) = %v", v, got)
+		}
+	}
+}
+
+func TestErrorLines(t *testing.T) {
+	log := "(00.1) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.2) Info ok\nError: ipv4: Address already assigned.\n(00.3) Error (criu/sk-unix.c:351): unix: Unix socket 5 not found\n"
+	if got := errorLines(log, 4); got != "(00.3) Error (criu/sk-unix.c:351): unix: Unix socket 5 not found" {
+		t.Errorf("errorLines = %q", got)
+	}
+}
+
+// requireCRIU skips unless the test runs as root with a working CRIU.
+func requireCRIU(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("CRIU needs root")
+	}
+	path, v, err := Probe(context.Background(), "")
+	if err != nil {
+		t.Skipf("no usable CRIU (scripts/criu.sh builds it): %v", err)
+	}
+	t.Logf("criu %s at %s", v, path)
+	return path
+}
+
+// tree is a process tree in new user, mount, pid, net, uts and ipc
+// namespaces on an overlay root, as the namespace driver makes them: a
+// counter in memory written to a tmpfs, a TCP listener on loopback, and
+// init's stderr a file on the host (outside its mount namespace), as the
+// agent's init.log is.
+type tree struct {
+	dir  string // holds lower, and upper/work/merged per instance
+	base uint32 // host uid of root inside
+	pid  int
+}
+
+const initScript = `set -e
+B=/bin/busybox
+$B mount --make-rprivate /
+$B mount -t overlay overlay -o lowerdir=lower,upperdir=upper,workdir=work,userxattr merged
+cd merged
+$B mount -t proc proc proc
+$B mount -t tmpfs -o size=64k tmpfs dev
+$B touch dev/null
+$B mount --bind /dev/null dev/null
+$B mount -t tmpfs tmpfs tmp
+$B mkdir .old
+$B pivot_root . .old
+/bin/busybox umount -l /.old
+/bin/busybox rmdir /.old
+/bin/busybox hostname sbx
+/bin/busybox ip link set lo up
+echo layer > /etc/marker
+: > /tmp/in
+exec /bin/busybox sh -c 'nc -ll -p 8080 -e echo hi </tmp/in >/tmp/out 2>&1 & i=0; while :; do i=$((i+1)); echo $i > /tmp/c; usleep 50000; done' </tmp/in >/tmp/out
+`
+
+func newTree(t *testing.T) *tree {
+	t.Helper()
+	bb := "/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		t.Skipf("busybox-static is needed: %v", err)
+	}
+	pool, err := uidpool.Open(uidpool.DefaultDir, uidpool.DefaultStart, uidpool.DefaultCount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for p := dir; p != "/"; p = filepath.Dir(p) { // root inside is "other" here
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(p, fi.Mode().Perm()|0o011); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	base, err := pool.Alloc(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pool.Free(base, dir) })
+	lower := filepath.Join(dir, "lower")
+	for _, d := range []string{"bin", "proc", "dev", "tmp", "etc"} {
+		if err := os.MkdirAll(filepath.Join(lower, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lower, "bin/busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr := &tree{dir: dir, base: base}
+	if err := filepath.Walk(lower, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(base), int(base))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"upper", "work", "merged"} {
+		tr.mkdir(t, d)
+	}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: uidpool.BlockSize}}
+	cmd := &exec.Cmd{Path: bb, Args: []string{"sh", "-c", initScript}, Dir: dir,
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+			UidMappings: m, GidMappings: m, GidMappingsEnableSetgroups: true,
+			Credential: &syscall.Credential{}, Setsid: true}}
+	out, err := os.Create(filepath.Join(dir, "init.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tr.pid = cmd.Process.Pid
+	t.Cleanup(func() {
+		kill(tr.pid)
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "init.out"))
+			t.Logf("init output: %s", b)
+		}
+	})
+	go func() { _ = cmd.Wait() }() // reap it when the test kills it
+	return tr
+}
+
+func (tr *tree) mkdir(t *testing.T, name string) {
+	t.Helper()
+	p := filepath.Join(tr.dir, name)
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, int(tr.base), int(tr.base)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func kill(pid int) {
+	if pid > 0 {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
+// counter reads the counter of the tree whose init is pid.
+func counter(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/c", pid))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+func waitCounter(t *testing.T, pid, atLeast int) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n, err := counter(pid)
+		if err == nil && n >= atLeast {
+			return n
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/out", pid))
+			t.Fatalf("counter of %d: %d, %v (want ≥ %d); output %q", pid, n, err, atLeast, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dialIn connects to addr from inside pid's network namespace.
+func dialIn(pid int, addr string) (string, error) {
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		// The thread is left in the other namespace: never unlock it, so
+		// the runtime ends it with the goroutine.
+		runtime.LockOSThread()
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- res{err: err}
+			return
+		}
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			ch <- res{err: err}
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		ch <- res{strings.TrimSpace(string(b)), err}
+	}()
+	r := <-ch
+	return r.s, r.err
+}
+
+// imageBytes is the size of CRIU's images (a flat directory).
+func imageBytes(dir string) int64 {
+	var n int64
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && strings.HasSuffix(e.Name(), ".img") {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// TestDumpRestoreFork checkpoints a namespaced tree and restores the image
+// twice (a fork) while the original goes on: each copy continues its
+// in-memory counter from the checkpoint, keeps its overlay files, and its
+// listener answers again.
+func TestDumpRestoreFork(t *testing.T) {
+	path := requireCRIU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tr := newTree(t)
+	// 40 turns of 50 ms: a copy that restarted instead of continuing could
+	// not catch up within the checks below.
+	before := waitCounter(t, tr.pid, 40)
+	img := filepath.Join(tr.dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ext, err := ExternalFiles(tr.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logIno uint64
+	if fi, err := os.Stat(filepath.Join(tr.dir, "init.out")); err == nil {
+		logIno = fi.Sys().(*syscall.Stat_t).Ino
+	}
+	// init.out, and /dev/null as sh opened it before pivot_root.
+	logKey := ""
+	for _, f := range ext {
+		if f.Inode == logIno {
+			logKey = f.Key()
+		}
+	}
+	if logKey == "" {
+		t.Fatalf("external files %+v, want init.out (inode %d) among them", ext, logIno)
+	}
+	t0 := time.Now()
+	err = Dump(ctx, path, DumpOptions{PID: tr.pid, ImageDir: img, LeaveRunning: true,
+		ExternalMounts: map[string]string{"/dev/null": "dev-null"}, ExternalFiles: ext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dump (leave running) %v, image %d bytes", time.Since(t0).Round(time.Millisecond), imageBytes(img))
+	waitCounter(t, tr.pid, before+5) // the original runs on
+	// Parts of the restore read the images as the tree's root, others as
+	// host uid 0 without capabilities: the dir is theirs only.
+	if err := ImageDirFor(img, int(tr.base)); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range 2 {
+		name := fmt.Sprintf("fork%d", i)
+		for _, d := range []string{name + "/work", name + "/merged"} {
+			tr.mkdir(t, d)
+		}
+		if out, err := exec.Command("cp", "-a", filepath.Join(tr.dir, "upper"), filepath.Join(tr.dir, name, "upper")).CombinedOutput(); err != nil {
+			t.Fatalf("copy layer: %v: %s", err, out)
+		}
+		root := filepath.Join(tr.dir, name, "merged")
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", filepath.Join(tr.dir, "lower"),
+			filepath.Join(tr.dir, name, "upper"), filepath.Join(tr.dir, name, "work"))
+		if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+			t.Fatal(err)
+		}
+		logPath := filepath.Join(tr.dir, name, "init.out")
+		log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// CRIU reopens an inherited file through /proc/self/fd as the
+		// restored task: the new log must be the tree's root's to open.
+		// It also checks the mode is the dumped file's.
+		if err := log.Chown(int(tr.base), int(tr.base)); err != nil {
+			t.Fatal(err)
+		}
+		if err := log.Chmod(0o644); err != nil { // init.out's, from os.Create
+			t.Fatal(err)
+		}
+		inherit := map[string]*os.File{logKey: log}
+		for _, f := range ext {
+			if f.Key() != logKey { // the same host file again
+				o, err := os.OpenFile(f.Path, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer o.Close()
+				inherit[f.Key()] = o
+			}
+		}
+		t1 := time.Now()
+		pid, err := Restore(ctx, path, RestoreOptions{ImageDir: img, Root: root, LogDir: filepath.Join(tr.dir, name),
+			ExternalMounts: map[string]string{"dev-null": "/dev/null"}, Inherit: inherit})
+		log.Close()
+		took := time.Since(t1)
+		if err != nil {
+			ls, _ := exec.Command("ls", "-lan", img).CombinedOutput()
+			t.Logf("%s", ls)
+		}
+		// The restored mount namespace holds its own reference.
+		_ = unix.Unmount(root, unix.MNT_DETACH)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { kill(pid) })
+		// Continued, not restarted: a fresh loop would have counted to
+		// about 6 by now.
+		time.Sleep(300 * time.Millisecond)
+		n, err := counter(pid)
+		if err != nil || n < before {
+			t.Fatalf("%s: counter %d, %v after restore; checkpointed at ≥ %d", name, n, err, before)
+		}
+		t.Logf("%s: restore %v, pid %d, counter %d (checkpointed at ≥ %d)", name, took.Round(time.Millisecond), pid, n, before)
+		if got, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/2", pid)); err != nil || got != logPath {
+			t.Errorf("%s: stderr %q, %v; want the inherited %s", name, got, err, logPath)
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/marker", pid)); err != nil || strings.TrimSpace(string(b)) != "layer" {
+			t.Errorf("%s: overlay file: %q, %v", name, b, err)
+		}
+		if got, err := dialIn(pid, "127.0.0.1:8080"); err != nil || got != "hi" {
+			t.Errorf("%s: listener: %q, %v", name, got, err)
+		}
+	}
+	waitCounter(t, tr.pid, before+10)
+}
