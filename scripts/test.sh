@@ -21,9 +21,9 @@ export SPACE_CRIU=${SPACE_CRIU:-$(bash scripts/criu.sh)}
 # (SPACE_TEST_K8S=1) or when the cache is complete; then the test must run
 # (SPACE_TEST_K8S=1 turns its skips into failures) and its kubectl also
 # renders every kustomization with real kustomize (deploy/kubernetes).
-# build also builds helm into the same cache (the first time on a machine
-# whose cluster binaries are cached: minutes); deploy/kubernetes lints and
-# renders the Helm chart with it and test/k8s installs the chart.
+# build also builds helm into the same cache, and the cache counts as
+# complete only with it; deploy/kubernetes lints and renders the Helm
+# chart with it and test/k8s installs the chart.
 # Without the cache the cluster test skips and says why.
 if [ "${SPACE_TEST_K8S:-}" = 1 ] || bash scripts/k8s.sh built; then
   bash scripts/k8s.sh build >/dev/null
