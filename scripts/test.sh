@@ -13,7 +13,12 @@ export SPACE_RUNSC=${SPACE_RUNSC:-$(bash scripts/runsc.sh)}
 # CRIU 4.1.1, pinned, built from Debian trixie's upstream tarball into a
 # cache (/var/cache/space/criu; about two minutes the first time, with its
 # build packages); internal/criu's tests and space doctor use it.
-export SPACE_CRIU=${SPACE_CRIU:-$(bash scripts/criu.sh)}
+# A build that fails (trixie's source unreachable) is reported and the CRIU
+# tests skip, saying so: nothing else depends on CRIU yet.
+if [ -z "${SPACE_CRIU:-}" ]; then
+  SPACE_CRIU=$(bash scripts/criu.sh) || { echo "== CRIU: scripts/criu.sh failed; internal/criu's tests skip"; SPACE_CRIU=; }
+fi
+export SPACE_CRIU
 # etcd, Kubernetes, containerd and the CNI plugins for the single-node
 # cluster test (test/k8s), built from the Go module proxy into a cache
 # (/var/cache/space/k8s). The first build takes 30-75 minutes on two cores,
