@@ -84,6 +84,7 @@ type Breakdown struct {
 	Cgroups    float64 `json:"cgroups_p50_ms"`
 	Network    float64 `json:"network_p50_ms"`
 	AgentReady float64 `json:"agent_ready_p50_ms"`
+	Hardening  float64 `json:"hardening_p50_ms,omitempty"` // part of AgentReady: the agent's hardening and seccomp install
 	Total      float64 `json:"driver_total_p50_ms"`
 }
 
@@ -294,7 +295,7 @@ func exec1(ctx context.Context, env *Env, sb Sandbox, argv []string) (ExecResult
 var trueArgv = []string{"/bin/true"}
 
 func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
-	var create, serverOp, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tTotal []time.Duration
+	var create, serverOp, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tHard, tTotal []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		sb, err := env.Client.Create(ctx, ColdTemplate)
@@ -318,11 +319,12 @@ func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
 		create, first, del, cycle = append(create, t1.Sub(t0)), append(first, t2.Sub(t1)), append(del, t3.Sub(t2)), append(cycle, t3.Sub(t0))
 		tNS, tOv, tCg = append(tNS, tm.Namespaces), append(tOv, tm.Overlay), append(tCg, tm.Cgroups)
 		tNet, tReady, tTotal = append(tNet, tm.Network), append(tReady, tm.AgentReady), append(tTotal, tm.Total)
+		tHard = append(tHard, tm.Hardening)
 	}
 	return &ColdResult{
 		Create: Summarize(create), ServerOp: Summarize(serverOp), FirstExec: Summarize(first), Delete: Summarize(del), Cycle: Summarize(cycle),
 		Breakdown: Breakdown{Namespaces: P50(tNS), Overlay: P50(tOv), Cgroups: P50(tCg), Network: P50(tNet),
-			AgentReady: P50(tReady), Total: P50(tTotal)},
+			AgentReady: P50(tReady), Hardening: P50(tHard), Total: P50(tTotal)},
 	}, nil
 }
 
