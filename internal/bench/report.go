@@ -157,8 +157,12 @@ func WriteText(w io.Writer, r *Result) error {
 	tw.Flush()
 	if c := r.Cold; c != nil {
 		bd := c.Breakdown
-		fmt.Fprintf(&b, "\ncold create breakdown (driver, p50 ms): namespaces %.2f, overlay %.2f, cgroups %.2f, network %.2f, agent ready %.2f (since clone, includes the steps before it; of it the agent's hardening + seccomp install %.2f), driver total %.2f; API/store/agent-config overhead ≈ %.2f\n",
-			bd.Namespaces, bd.Overlay, bd.Cgroups, bd.Network, bd.AgentReady, bd.Hardening, bd.Total, c.Create.P50-bd.Total)
+		hard := ""
+		if bd.Hardening > 0 {
+			hard = fmt.Sprintf("; of it the agent's hardening + seccomp install %.2f", bd.Hardening)
+		}
+		fmt.Fprintf(&b, "\ncold create breakdown (driver, p50 ms): namespaces %.2f, overlay %.2f, cgroups %.2f, network %.2f, agent ready %.2f (since clone, includes the steps before it%s), driver total %.2f; API/store/agent-config overhead ≈ %.2f\n",
+			bd.Namespaces, bd.Overlay, bd.Cgroups, bd.Network, bd.AgentReady, hard, bd.Total, c.Create.P50-bd.Total)
 	}
 	if r.Warm != nil {
 		fmt.Fprintf(&b, "warm pool: %s\n", r.Warm.Mode)
