@@ -52,6 +52,9 @@ func runBench(args []string) error {
 	fs.Int64Var(&fc.MemoryBytes, "fleet-memory", fc.MemoryBytes, "with --fleet: each sandbox's memory limit in bytes")
 	fs.BoolVar(&fc.SkipSingle, "fleet-no-single", false, "with --fleet: skip the single-server baseline")
 	fs.StringVar(&fc.ProfileDir, "fleet-profile", "", "with --fleet: write a CPU profile of each server and node process into this directory (<name>.pprof)")
+	clients := fs.String("clients", joinInts(cfg.Clients), "comma-separated concurrent client counts of the full-cycle phase (create → first command → delete); \"\" or 0 skips it")
+	fs.IntVar(&cfg.ClientCycles, "client-cycles", cfg.ClientCycles, "full cycles per client at each --clients level (a level runs at least 24)")
+	compare := fs.String("compare", "", "an earlier JSON report (--out); prints each figure's change against it after the run")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
 	out := fs.String("out", "", "also write the JSON result to this file")
 	verbose := fs.Bool("v", false, "print the server's log to stderr")
@@ -70,6 +73,22 @@ func runBench(args []string) error {
 	}
 	if cfg.Idle > bench.MaxSandboxes {
 		return fmt.Errorf("bench: --idle is at most %d", bench.MaxSandboxes)
+	}
+	var err error
+	if cfg.Clients, err = parseClients(*clients); err != nil {
+		return err
+	}
+	if cfg.ClientCycles < 1 {
+		return errors.New("bench: --client-cycles must be at least 1")
+	}
+	var earlier *bench.Result
+	if *compare != "" {
+		if *fleet || *drivers != "" {
+			return errors.New("bench: --compare works with a plain run, not --fleet or --drivers")
+		}
+		if earlier, err = bench.ReadResult(*compare); err != nil {
+			return err
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -151,6 +170,17 @@ func runBench(args []string) error {
 		} else if err := bench.WriteText(os.Stdout, res); err != nil {
 			return err
 		}
+		if earlier != nil {
+			w := os.Stdout
+			if *asJSON {
+				w = os.Stderr // stdout stays one JSON document
+			} else {
+				fmt.Println()
+			}
+			if err := bench.WriteCompare(w, earlier, res); err != nil {
+				return err
+			}
+		}
 	}
 	if runErr != nil {
 		if ctx.Err() != nil {
@@ -162,6 +192,31 @@ func runBench(args []string) error {
 		return fmt.Errorf("bench: %w", runErr)
 	}
 	return nil
+}
+
+// parseClients reads --clients: counts from 1 to bench.MaxSandboxes; ""
+// or "0" is none.
+func parseClients(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" || f == "0" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("bench: --clients: %q is not a count from 1 to 256", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func joinInts(xs []int) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, strconv.Itoa(x))
+	}
+	return strings.Join(s, ",")
 }
 
 // benchServeHTTP is `space bench serve-http ADDR`: the forwarded-port

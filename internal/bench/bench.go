@@ -30,6 +30,12 @@ type Config struct {
 	// PortClients is its concurrent keep-alive clients.
 	PortRequests int `json:"port_requests"`
 	PortClients  int `json:"port_clients"`
+	// Clients are the concurrency levels of the full-cycle phase (create
+	// → first command → delete with that many concurrent clients); none
+	// skips it. ClientCycles is the cycles each client runs per level
+	// (a level runs at least 24).
+	Clients      []int `json:"clients,omitempty"`
+	ClientCycles int   `json:"cycles_per_client,omitempty"`
 	// PortServer is the `space` binary the port benchmark runs as its HTTP
 	// server (`space bench serve-http`); default: this executable.
 	PortServer string `json:"-"`
@@ -52,7 +58,8 @@ type Config struct {
 // DefaultConfig is what `space bench` runs with no flags.
 func DefaultConfig() Config {
 	return Config{N: 100, Idle: 500, IdleConcurrency: 4, ExecRuns: 200, StdoutBytes: 256 << 20,
-		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50, PortRequests: defaultPortRequests, PortClients: 8}
+		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50, PortRequests: defaultPortRequests, PortClients: 8,
+		Clients: []int{1, 4, 16, 32}, ClientCycles: 3}
 }
 
 // MaxSandboxes bounds how many sandboxes one run may have alive at once.
@@ -77,6 +84,7 @@ type Breakdown struct {
 	Cgroups    float64 `json:"cgroups_p50_ms"`
 	Network    float64 `json:"network_p50_ms"`
 	AgentReady float64 `json:"agent_ready_p50_ms"`
+	Hardening  float64 `json:"hardening_p50_ms,omitempty"` // part of AgentReady: the agent's hardening and seccomp install
 	Total      float64 `json:"driver_total_p50_ms"`
 }
 
@@ -182,20 +190,22 @@ type Check struct {
 
 // Result is everything one run measured.
 type Result struct {
-	Date     time.Time     `json:"date"`
-	Machine  Machine       `json:"machine"`
-	Driver   string        `json:"driver"`
-	Config   Config        `json:"config"`
-	Cold     *ColdResult   `json:"cold,omitempty"`
-	Warm     *WarmResult   `json:"warm,omitempty"`
-	Exec     *Summary      `json:"exec_true,omitempty"`
-	Stdout   *StdoutResult `json:"stdout,omitempty"`
-	Idle     *IdleResult   `json:"idle,omitempty"`
-	Crun     *CrunResult   `json:"crun,omitempty"`
-	Ports    *PortsResult  `json:"ports,omitempty"`
-	Checks   []Check       `json:"checks"`
-	Errors   []string      `json:"errors,omitempty"`
-	Duration float64       `json:"duration_s"`
+	Date    time.Time     `json:"date"`
+	Machine Machine       `json:"machine"`
+	Driver  string        `json:"driver"`
+	Config  Config        `json:"config"`
+	Cold    *ColdResult   `json:"cold,omitempty"`
+	Warm    *WarmResult   `json:"warm,omitempty"`
+	Exec    *Summary      `json:"exec_true,omitempty"`
+	Stdout  *StdoutResult `json:"stdout,omitempty"`
+	Idle    *IdleResult   `json:"idle,omitempty"`
+	Crun    *CrunResult   `json:"crun,omitempty"`
+	Ports   *PortsResult  `json:"ports,omitempty"`
+	// Concurrency is the full-cycle phase, one entry per client count.
+	Concurrency []ConcurrencyLevel `json:"concurrency,omitempty"`
+	Checks      []Check            `json:"checks"`
+	Errors      []string           `json:"errors,omitempty"`
+	Duration    float64            `json:"duration_s"`
 }
 
 // Run starts an in-process server and measures it. It returns the result
@@ -234,6 +244,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	phase("warm-pool create", cfg.N <= 0 || cfg.WarmPool <= 0, func() (err error) { res.Warm, err = runWarm(ctx, env, cfg.N); return })
 	phase("exec round trips and stdout", cfg.ExecRuns <= 0 && cfg.StdoutRuns <= 0, func() (err error) {
 		res.Exec, res.Stdout, err = runExec(ctx, env, cfg)
+		return
+	})
+	phase("concurrent full cycles", len(cfg.Clients) == 0, func() (err error) {
+		res.Concurrency, err = runConcurrency(ctx, env, cfg.Clients, cfg.ClientCycles, cfg.Progress)
 		return
 	})
 	phase("idle sandboxes", cfg.Idle <= 0, func() (err error) {
@@ -281,7 +295,7 @@ func exec1(ctx context.Context, env *Env, sb Sandbox, argv []string) (ExecResult
 var trueArgv = []string{"/bin/true"}
 
 func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
-	var create, serverOp, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tTotal []time.Duration
+	var create, serverOp, first, del, cycle, tNS, tOv, tCg, tNet, tReady, tHard, tTotal []time.Duration
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		sb, err := env.Client.Create(ctx, ColdTemplate)
@@ -305,11 +319,12 @@ func runCold(ctx context.Context, env *Env, n int) (*ColdResult, error) {
 		create, first, del, cycle = append(create, t1.Sub(t0)), append(first, t2.Sub(t1)), append(del, t3.Sub(t2)), append(cycle, t3.Sub(t0))
 		tNS, tOv, tCg = append(tNS, tm.Namespaces), append(tOv, tm.Overlay), append(tCg, tm.Cgroups)
 		tNet, tReady, tTotal = append(tNet, tm.Network), append(tReady, tm.AgentReady), append(tTotal, tm.Total)
+		tHard = append(tHard, tm.Hardening)
 	}
 	return &ColdResult{
 		Create: Summarize(create), ServerOp: Summarize(serverOp), FirstExec: Summarize(first), Delete: Summarize(del), Cycle: Summarize(cycle),
 		Breakdown: Breakdown{Namespaces: P50(tNS), Overlay: P50(tOv), Cgroups: P50(tCg), Network: P50(tNet),
-			AgentReady: P50(tReady), Total: P50(tTotal)},
+			AgentReady: P50(tReady), Hardening: P50(tHard), Total: P50(tTotal)},
 	}, nil
 }
 

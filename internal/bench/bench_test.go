@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -250,13 +252,17 @@ func BenchmarkPort(b *testing.B) {
 	}
 }
 
-// TestSmokeStdoutPastTheOutputBound runs the stdout part of Run (streamed
-// runs, the produce-then-replay halves, large writes, frames) with more
-// output than the server's default 64 MiB bound: the replay must read it
-// all (it read 64 MiB of 256 before the bench's server kept room for it).
-func TestSmokeStdoutPastTheOutputBound(t *testing.T) {
+// TestSmokeEveryPart runs every part of `space bench` (Run) once at a
+// small size, so a part that breaks fails here: cold, warm, exec, stdout
+// with more output than the server's default 64 MiB bound (the replay
+// must read it all; it read 64 MiB of 80 before the bench's server kept
+// room for it), concurrent full cycles, idle memory, forwarded ports and
+// the crun baseline (skipped by Run itself, with a reason, without crun).
+// No timing is asserted; the report and a comparison of the run with
+// itself must print.
+func TestSmokeEveryPart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a server and streams 80 MiB")
+		t.Skip("starts a server, sandboxes and streams 80 MiB")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("the namespace driver needs root")
@@ -265,12 +271,62 @@ func TestSmokeStdoutPastTheOutputBound(t *testing.T) {
 	if agentBin.err != nil {
 		t.Fatal(agentBin.err)
 	}
-	cfg := Config{ExecRuns: 1, StdoutRuns: 1, StdoutBytes: 80 << 20, AgentPath: agentBin.path}
-	res, err := Run(testCtx(t), cfg)
+	cfg := Config{N: 2, Idle: 3, IdleConcurrency: 2, ExecRuns: 2, StdoutRuns: 1, StdoutBytes: 80 << 20, WarmPool: 1,
+		CrunRuns: 2, PortRequests: 50, PortClients: 2, PortServer: agentBin.path, Clients: []int{1, 2}, ClientCycles: 1,
+		AgentPath: agentBin.path}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Stdout == nil || res.Stdout.ReplayMBps <= 0 || res.Stdout.LargeWritesMBps <= 0 {
-		t.Fatalf("stdout part incomplete: %+v", res.Stdout)
+	if res.Cold == nil || res.Cold.Create.N != 2 || res.Cold.Breakdown.Total <= 0 {
+		t.Errorf("cold: %+v", res.Cold)
+	}
+	if res.Warm == nil || res.Warm.Create.N != 2 {
+		t.Errorf("warm: %+v", res.Warm)
+	}
+	if res.Exec == nil || res.Exec.N != 2 {
+		t.Errorf("exec: %+v", res.Exec)
+	}
+	if s := res.Stdout; s == nil || len(s.MBps) != 1 || s.ReplayMBps <= 0 || s.LargeWritesMBps <= 0 || len(s.FramesLargeWritesMBps) != 1 {
+		t.Errorf("stdout part incomplete: %+v", s)
+	}
+	if len(res.Concurrency) != 2 {
+		t.Errorf("concurrency: %+v", res.Concurrency)
+	}
+	for _, l := range res.Concurrency {
+		if l.Cycles != minLevelCycles || l.Errors != 0 || l.Running.N != l.Cycles || l.FirstCommand.P50 < l.Running.P50 {
+			t.Errorf("%d clients: %+v", l.Clients, l)
+		}
+	}
+	if i := res.Idle; i == nil || i.Created != 3 || i.Alive != 3 {
+		t.Errorf("idle: %+v", i)
+	}
+	if p := res.Ports; p == nil || p.Forwarded.Small.Sequential.N == 0 || p.Direct.Small.Sequential.N == 0 {
+		t.Errorf("ports: %+v", p)
+	}
+	switch c := res.Crun; {
+	case c == nil:
+		t.Error("no crun result")
+	case c.Skipped != "":
+		t.Logf("crun baseline skipped: %s", c.Skipped)
+	case c.Run.N != 2:
+		t.Errorf("crun: %+v", c)
+	}
+	var b bytes.Buffer
+	if err := WriteText(&b, res); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteCompare(&b, res, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"cold create→ready", "concurrent full cycles", "forwarded port", "change against", "+0.0 %"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	if res.Crun != nil && res.Crun.Skipped == "" && !strings.Contains(b.String(), "×") {
+		t.Errorf("no ratio to crun in the report:\n%s", b.String())
 	}
 }

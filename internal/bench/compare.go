@@ -31,8 +31,10 @@ type DriverResult struct {
 	SnapshotKind string   `json:"snapshot_kind,omitempty"`
 	ImageBytes   int64    `json:"process_image_bytes,omitempty"`
 	StoredBytes  int64    `json:"first_snapshot_bytes_stored,omitempty"`
-	Errors       []string `json:"errors,omitempty"`
-	Duration     float64  `json:"duration_s"`
+	// Concurrency is the full-cycle phase at each of cfg.Clients.
+	Concurrency []ConcurrencyLevel `json:"concurrency,omitempty"`
+	Errors      []string           `json:"errors,omitempty"`
+	Duration    float64            `json:"duration_s"`
 }
 
 // Comparison is RunDrivers' result.
@@ -47,7 +49,8 @@ type Comparison struct {
 // RunDrivers measures each driver in turn, on its own in-process server:
 // cold create (cfg.N creates, each then `true` and delete), warm-pool
 // create (cfg.N, when cfg.WarmPool > 0), the exec round trip
-// (cfg.ExecRuns) and, for gvisor, cfg.SnapshotRuns snapshot+fork pairs
+// (cfg.ExecRuns), full cycles at each of cfg.Clients concurrent clients
+// and, for gvisor, cfg.SnapshotRuns snapshot+fork pairs
 // through the snapshot API with the process image's size. Idle memory,
 // stdout throughput and crun are not part of it (`space bench` alone).
 // It returns what it measured even when a driver failed.
@@ -107,6 +110,10 @@ func runDriver(ctx context.Context, cfg Config, drv string) (DriverResult, error
 		c := cfg
 		c.StdoutRuns = 0
 		dr.Exec, _, err = runExec(ctx, env, c)
+		return
+	})
+	phase("concurrent full cycles", len(cfg.Clients) == 0, func() (err error) {
+		dr.Concurrency, err = runConcurrency(ctx, env, cfg.Clients, cfg.ClientCycles, cfg.Progress)
 		return
 	})
 	phase("snapshot + fork", cfg.SnapshotRuns <= 0 || drv != gvisor.Name, func() error { return runSnapshots(ctx, env, cfg.SnapshotRuns, &dr) })
@@ -261,7 +268,18 @@ func WriteComparison(w io.Writer, c *Comparison) error {
 		}
 		return strings.Join(d.Errors, "; ")
 	})
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, d := range c.Drivers {
+		if len(d.Concurrency) > 0 {
+			fmt.Fprintf(&b, "\n%s:", d.Driver)
+			writeConcurrency(&b, d.Concurrency, 0)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func driverNames(c *Comparison) string {

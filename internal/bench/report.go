@@ -1,38 +1,73 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 )
 
-// Targets (from the performance issue).
+// Targets (issue 25). The cold create is judged against `crun run` of the
+// same rootfs in the same run, so host load cancels out; without a crun
+// baseline the absolute TargetColdP50Ms applies.
 const (
+	TargetColdCrunRatio = 1.3
 	TargetColdP50Ms     = 40.0
-	TargetWarmP50Ms     = 5.0
-	TargetExecP50Ms     = 3.0
+	TargetGVisorColdMs  = 150.0
+	TargetWarmP50Ms     = 4.0
+	TargetExecP50Ms     = 2.0
 	TargetStdoutMBps    = 300.0
-	TargetIdleMiB       = 5.0
+	TargetIdleMiB       = 1.3
 	TargetIdleAlive     = 500
+	TargetCyclesPerSec  = 100.0 // full cycles with TargetCyclesClients clients
+	TargetRunningP50Ms  = 100.0 // create→running p50 with TargetCyclesClients clients
+	TargetCyclesClients = 16
 	notMeasured         = "not measured"
 	checkStdoutSubtitle = "stdout throughput"
+	checkColdName       = "cold create→ready p50"
+	checkCyclesName     = "full cycles/s"
+	checkRunningName    = "create→running p50"
 )
+
+// crunP50 is the crun baseline's p50 in ms, 0 if it was not measured.
+func crunP50(r *Result) float64 {
+	if r.Crun == nil || r.Crun.Skipped != "" || r.Crun.Run.N == 0 {
+		return 0
+	}
+	return r.Crun.Run.P50
+}
+
+// ratio formats v/base as "1.23×", or "—" without a base.
+func ratio(v, base float64) string {
+	if base <= 0 || v <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", v/base)
+}
 
 func checks(r *Result) []Check {
 	var out []Check
 	add := func(name, target, value string, pass bool) {
 		out = append(out, Check{Name: name, Target: target, Value: value, Pass: pass})
 	}
-	if r.Cold != nil {
-		add("cold create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetColdP50Ms), fmtMs(r.Cold.Create.P50), r.Cold.Create.P50 <= TargetColdP50Ms)
-	} else {
-		add("cold create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetColdP50Ms), notMeasured, false)
+	crun := crunP50(r)
+	switch {
+	case r.Cold == nil:
+		add(checkColdName, "≤ 1.3 × crun", notMeasured, false)
+	case r.Driver == "gvisor":
+		add(checkColdName+" (gVisor)", fmt.Sprintf("≤ %.0f ms", TargetGVisorColdMs), fmtMs(r.Cold.Create.P50), r.Cold.Create.P50 <= TargetGVisorColdMs)
+	case crun > 0:
+		add(checkColdName, fmt.Sprintf("≤ %.1f × crun (%s)", TargetColdCrunRatio, fmtMs(crun)), fmtMs(r.Cold.Create.P50)+" = "+ratio(r.Cold.Create.P50, crun),
+			r.Cold.Create.P50 <= TargetColdCrunRatio*crun)
+	default:
+		add(checkColdName, fmt.Sprintf("≤ %.0f ms (no crun baseline)", TargetColdP50Ms), fmtMs(r.Cold.Create.P50), r.Cold.Create.P50 <= TargetColdP50Ms)
 	}
 	if r.Warm != nil {
-		add("warm create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetWarmP50Ms), fmtMs(r.Warm.Create.P50), r.Warm.Create.P50 <= TargetWarmP50Ms)
+		add("warm create→ready p50", fmt.Sprintf("≤ %.1f ms", TargetWarmP50Ms), fmtMs(r.Warm.Create.P50), r.Warm.Create.P50 <= TargetWarmP50Ms)
 	} else {
-		add("warm create→ready p50", fmt.Sprintf("≤ %.0f ms", TargetWarmP50Ms), notMeasured, false)
+		add("warm create→ready p50", fmt.Sprintf("≤ %.1f ms", TargetWarmP50Ms), notMeasured, false)
 	}
 	if r.Exec != nil {
 		add("exec `true` round trip p50", fmt.Sprintf("≤ %.0f ms", TargetExecP50Ms), fmtMs(r.Exec.P50), r.Exec.P50 <= TargetExecP50Ms)
@@ -49,11 +84,20 @@ func checks(r *Result) []Check {
 		add(checkStdoutSubtitle, fmt.Sprintf("≥ %.0f MB/s", TargetStdoutMBps), notMeasured, false)
 	}
 	if r.Idle != nil && r.Idle.Created > 0 {
-		add("memory per idle sandbox", fmt.Sprintf("≤ %.0f MiB", TargetIdleMiB), fmt.Sprintf("%.2f MiB", r.Idle.PerSandboxMiB), r.Idle.PerSandboxMiB <= TargetIdleMiB)
+		add("memory per idle sandbox", fmt.Sprintf("≤ %.1f MiB", TargetIdleMiB), fmt.Sprintf("%.2f MiB", r.Idle.PerSandboxMiB), r.Idle.PerSandboxMiB <= TargetIdleMiB)
 		add("idle sandboxes alive at once", fmt.Sprintf("%d", TargetIdleAlive), fmt.Sprintf("%d of %d", r.Idle.Alive, r.Idle.Wanted), r.Idle.Alive >= TargetIdleAlive)
 	} else {
-		add("memory per idle sandbox", fmt.Sprintf("≤ %.0f MiB", TargetIdleMiB), notMeasured, false)
+		add("memory per idle sandbox", fmt.Sprintf("≤ %.1f MiB", TargetIdleMiB), notMeasured, false)
 		add("idle sandboxes alive at once", fmt.Sprintf("%d", TargetIdleAlive), notMeasured, false)
+	}
+	cyc := fmt.Sprintf("%s, %d clients", checkCyclesName, TargetCyclesClients)
+	run := fmt.Sprintf("%s, %d clients", checkRunningName, TargetCyclesClients)
+	if l := levelAt(r.Concurrency, TargetCyclesClients); l != nil {
+		add(cyc, fmt.Sprintf("≥ %.0f", TargetCyclesPerSec), fmt.Sprintf("%.1f", l.CyclesPerSec), l.CyclesPerSec >= TargetCyclesPerSec)
+		add(run, fmt.Sprintf("≤ %.0f ms", TargetRunningP50Ms), fmtMs(l.Running.P50), l.Running.P50 <= TargetRunningP50Ms)
+	} else {
+		add(cyc, fmt.Sprintf("≥ %.0f", TargetCyclesPerSec), notMeasured, false)
+		add(run, fmt.Sprintf("≤ %.0f ms", TargetRunningP50Ms), notMeasured, false)
 	}
 	return out
 }
@@ -88,9 +132,10 @@ func WriteText(w io.Writer, r *Result) error {
 	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s, load average at start %s\n\n",
 		m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal, m.Cgroups, m.Go, m.LoadAvg)
 	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
-	fmt.Fprintln(tw, "latency (ms)\tn\tp50\tp95\tp99\tmax\t")
+	crun := crunP50(r)
+	fmt.Fprintln(tw, "latency (ms)\tn\tp50\tp95\tp99\tmax\tp50 / crun p50\t")
 	row := func(name string, s Summary) {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, s.N, s.P50, s.P95, s.P99, s.Max)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", name, s.N, s.P50, s.P95, s.P99, s.Max, ratio(s.P50, crun))
 	}
 	if c := r.Cold; c != nil {
 		row("cold create→ready (POST → op succeeded)", c.Create)
@@ -112,8 +157,12 @@ func WriteText(w io.Writer, r *Result) error {
 	tw.Flush()
 	if c := r.Cold; c != nil {
 		bd := c.Breakdown
-		fmt.Fprintf(&b, "\ncold create breakdown (driver, p50 ms): namespaces %.2f, overlay %.2f, cgroups %.2f, network %.2f, agent ready %.2f (since clone, includes the steps before it), driver total %.2f; API/store/agent-config overhead ≈ %.2f\n",
-			bd.Namespaces, bd.Overlay, bd.Cgroups, bd.Network, bd.AgentReady, bd.Total, c.Create.P50-bd.Total)
+		hard := ""
+		if bd.Hardening > 0 {
+			hard = fmt.Sprintf("; of it the agent's hardening + seccomp install %.2f", bd.Hardening)
+		}
+		fmt.Fprintf(&b, "\ncold create breakdown (driver, p50 ms): namespaces %.2f, overlay %.2f, cgroups %.2f, network %.2f, agent ready %.2f (since clone, includes the steps before it%s), driver total %.2f; API/store/agent-config overhead ≈ %.2f\n",
+			bd.Namespaces, bd.Overlay, bd.Cgroups, bd.Network, bd.AgentReady, hard, bd.Total, c.Create.P50-bd.Total)
 	}
 	if r.Warm != nil {
 		fmt.Fprintf(&b, "warm pool: %s\n", r.Warm.Mode)
@@ -158,6 +207,9 @@ func WriteText(w io.Writer, r *Result) error {
 	if p := r.Ports; p != nil {
 		writePorts(&b, p)
 	}
+	if len(r.Concurrency) > 0 {
+		writeConcurrency(&b, r.Concurrency, crun)
+	}
 	fmt.Fprintln(&b, "\ntargets:")
 	tw = tabwriter.NewWriter(&b, 2, 8, 2, ' ', 0)
 	for _, c := range r.Checks {
@@ -188,4 +240,125 @@ func writePorts(b *strings.Builder, p *PortsResult) {
 	row("forwarded, 1 MiB", p.Forwarded.Large)
 	tw.Flush()
 	fmt.Fprintf(b, "  added sequential p50: %.3f ms small, %.3f ms 1 MiB\n  %s\n", p.AddedP50Small, p.AddedP50Large, p.Notes)
+}
+
+// figure is one number of a Result that --compare follows.
+type figure struct {
+	name        string
+	unit        string
+	value       float64
+	lowerBetter bool
+}
+
+// figures lists a Result's comparable numbers; a part that was not
+// measured gives none.
+func figures(r *Result) []figure {
+	var out []figure
+	lat := func(name string, v float64) {
+		if v > 0 {
+			out = append(out, figure{name, "ms", v, true})
+		}
+	}
+	if c := r.Cold; c != nil {
+		lat("cold create→ready p50", c.Create.P50)
+		lat("cold create→ready p95", c.Create.P95)
+		lat("  create operation (server) p50", c.ServerOp.P50)
+		lat("  driver: namespaces p50", c.Breakdown.Namespaces)
+		lat("  driver: overlay p50", c.Breakdown.Overlay)
+		lat("  driver: cgroups p50", c.Breakdown.Cgroups)
+		lat("  driver: network p50", c.Breakdown.Network)
+		lat("  driver: agent ready p50", c.Breakdown.AgentReady)
+		lat("  agent: hardening + seccomp p50", c.Breakdown.Hardening)
+		lat("  driver: total p50", c.Breakdown.Total)
+		lat("first exec after create p50", c.FirstExec.P50)
+		lat("delete p50", c.Delete.P50)
+		lat("create→exec→delete cycle p50", c.Cycle.P50)
+	}
+	if r.Warm != nil {
+		lat("warm create→ready p50", r.Warm.Create.P50)
+	}
+	if r.Exec != nil {
+		lat("exec `true` round trip p50", r.Exec.P50)
+	}
+	crun := crunP50(r)
+	lat("crun run p50", crun)
+	if r.Cold != nil && crun > 0 {
+		out = append(out, figure{"cold create p50 / crun p50", "×", round2(r.Cold.Create.P50 / crun), true})
+	}
+	if s := r.Stdout; s != nil {
+		out = append(out, figure{"stdout SSE (head) median", "MB/s", s.Median, false},
+			figure{"stdout frames (dd) median", "MB/s", s.FramesLargeMedian, false})
+	}
+	if i := r.Idle; i != nil && i.Created > 0 {
+		out = append(out, figure{"memory per idle sandbox", "MiB", i.PerSandboxMiB, true},
+			figure{"  charged to its cgroups", "MiB", i.CgroupPerMiB, true},
+			figure{"  agent PSS", "KiB", float64(i.AgentPSSKiB), true})
+	}
+	for _, l := range r.Concurrency {
+		out = append(out, figure{fmt.Sprintf("%d clients: cycles/s", l.Clients), "/s", l.CyclesPerSec, false})
+		lat(fmt.Sprintf("%d clients: create→running p50", l.Clients), l.Running.P50)
+		lat(fmt.Sprintf("%d clients: first command p50", l.Clients), l.FirstCommand.P50)
+		lat(fmt.Sprintf("%d clients: first command p99", l.Clients), l.FirstCommand.P99)
+		if l.CPUPerCycleMS > 0 {
+			out = append(out, figure{fmt.Sprintf("%d clients: CPU per cycle", l.Clients), "ms", l.CPUPerCycleMS, true})
+		}
+	}
+	if p := r.Ports; p != nil {
+		lat("forwarded port small p50", p.Forwarded.Small.Sequential.P50)
+	}
+	return out
+}
+
+// WriteCompare prints each figure of now beside the same figure of an
+// earlier report, with the change; figures only one of them has are left
+// out.
+func WriteCompare(w io.Writer, earlier, now *Result) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "change against the report of %s (load %s; now load %s):\n",
+		earlier.Date.Format("2006-01-02 15:04 MST"), orDash(earlier.Machine.LoadAvg), orDash(now.Machine.LoadAvg))
+	old := map[string]figure{}
+	for _, f := range figures(earlier) {
+		old[f.name] = f
+	}
+	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  figure\tearlier\tnow\tchange\t")
+	rows := 0
+	for _, f := range figures(now) {
+		o, ok := old[f.name]
+		if !ok || o.value == 0 {
+			continue
+		}
+		rows++
+		pct := 100 * (f.value - o.value) / o.value
+		verdict := ""
+		switch {
+		case pct > 5 && f.lowerBetter, pct < -5 && !f.lowerBetter:
+			verdict = " worse"
+		case pct < -5 && f.lowerBetter, pct > 5 && !f.lowerBetter:
+			verdict = " better"
+		}
+		fmt.Fprintf(tw, "  %s\t%s %s\t%s %s\t%+.1f %%%s\t\n", f.name, fmtNum(o.value), o.unit, fmtNum(f.value), f.unit, pct, verdict)
+	}
+	tw.Flush()
+	if rows == 0 {
+		fmt.Fprintln(&b, "  (no figure in common)")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// ReadResult reads a report `space bench --out` (or --json) wrote.
+func ReadResult(path string) (*Result, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	var r Result
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", path, err)
+	}
+	if r.Date.IsZero() {
+		return nil, fmt.Errorf("bench: %s is not a `space bench` report", path)
+	}
+	return &r, nil
 }

@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -136,11 +138,13 @@ func TestOCISpec(t *testing.T) {
 
 func TestChecks(t *testing.T) {
 	r := &Result{
-		Cold:   &ColdResult{Create: Summary{P50: 12}},
-		Warm:   &WarmResult{Create: Summary{P50: 6}},
-		Exec:   &Summary{P50: 1},
-		Stdout: &StdoutResult{Median: 299},
-		Idle:   &IdleResult{Wanted: 500, Created: 500, Alive: 499, PerSandboxMiB: 1},
+		Cold:        &ColdResult{Create: Summary{P50: 12}},
+		Warm:        &WarmResult{Create: Summary{P50: 6}},
+		Exec:        &Summary{P50: 1},
+		Stdout:      &StdoutResult{Median: 299},
+		Idle:        &IdleResult{Wanted: 500, Created: 500, Alive: 499, PerSandboxMiB: 1},
+		Crun:        &CrunResult{Run: Summary{N: 5, P50: 10}},
+		Concurrency: []ConcurrencyLevel{{Clients: 16, CyclesPerSec: 120, Running: Summary{P50: 150}}},
 	}
 	got := map[string]bool{}
 	for _, c := range checks(r) {
@@ -149,6 +153,7 @@ func TestChecks(t *testing.T) {
 	want := map[string]bool{
 		"cold create→ready p50": true, "warm create→ready p50": false, "exec `true` round trip p50": true,
 		"stdout throughput": false, "memory per idle sandbox": true, "idle sandboxes alive at once": false,
+		"full cycles/s, 16 clients": true, "create→running p50, 16 clients": false,
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -157,6 +162,50 @@ func TestChecks(t *testing.T) {
 	}
 	if len(checks(&Result{})) != len(want) {
 		t.Error("a missing phase must still be listed (as not measured)")
+	}
+	// 14 ms against crun's 10 is 1.4×: over the 1.3× target.
+	r.Cold.Create.P50 = 14
+	for _, c := range checks(r) {
+		if c.Name == "cold create→ready p50" && (c.Pass || !strings.Contains(c.Value, "1.40×")) {
+			t.Errorf("cold check %+v", c)
+		}
+	}
+}
+
+func TestWriteCompare(t *testing.T) {
+	earlier := &Result{Date: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC),
+		Cold: &ColdResult{Create: Summary{P50: 10}}, Exec: &Summary{P50: 2},
+		Idle: &IdleResult{Created: 1, PerSandboxMiB: 1.5}}
+	now := &Result{Date: earlier.Date.Add(time.Hour),
+		Cold: &ColdResult{Create: Summary{P50: 12}}, Exec: &Summary{P50: 1},
+		Concurrency: []ConcurrencyLevel{{Clients: 4, CyclesPerSec: 30}},
+		Idle:        &IdleResult{Created: 1, PerSandboxMiB: 1.5}}
+	var b bytes.Buffer
+	if err := WriteCompare(&b, earlier, now); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"+20.0 % worse", "-50.0 % better", "memory per idle sandbox", "+0.0 %"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "4 clients") {
+		t.Errorf("a figure the earlier report lacks is listed:\n%s", out)
+	}
+	dir := t.TempDir()
+	raw, _ := json.Marshal(earlier)
+	if err := os.WriteFile(dir+"/r.json", raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ReadResult(dir + "/r.json"); err != nil || r.Cold.Create.P50 != 10 {
+		t.Errorf("ReadResult: %+v, %v", r, err)
+	}
+	if err := os.WriteFile(dir+"/x.json", []byte(`{"x":1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadResult(dir + "/x.json"); err == nil {
+		t.Error("a JSON file that is no report was read")
 	}
 }
 

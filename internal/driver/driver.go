@@ -58,7 +58,10 @@ type Timing struct {
 	Cgroups    time.Duration // cgroup creation, limits, attach
 	Network    time.Duration // network namespace setup
 	AgentReady time.Duration // agent answered its first health check
-	Total      time.Duration
+	// Hardening is the agent's own hardening and seccomp filter install
+	// inside the sandbox (part of AgentReady; namespace driver only).
+	Hardening time.Duration
+	Total     time.Duration
 }
 
 // Instance is one running sandbox.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -16,13 +15,19 @@ import (
 // Each calls fn with the fields of the status file of every thread of the
 // process ("CapBnd" → "000001ffffffffff", "Seccomp" → "2", ...). A thread
 // that ends meanwhile is skipped; finding no thread at all is an error.
+//
+// It lists /proc/self/task and opens each <tid>/status by name. A glob of
+// /proc/self/task/*/status would list every thread's directory as well,
+// and each listing makes a procfs inode and dentry for all of its ~50
+// entries: in a sandbox, whose procfs is its own, that left about 0.35 MiB
+// of kernel memory per sandbox behind and cost milliseconds at start.
 func Each(fn func(tid string, status map[string]string) error) error {
-	tasks, err := filepath.Glob("/proc/self/task/*/status")
-	if err != nil || len(tasks) == 0 {
-		return fmt.Errorf("threadstatus: list /proc/self/task: %d threads, %v", len(tasks), err)
+	tids, err := taskIDs()
+	if err != nil || len(tids) == 0 {
+		return fmt.Errorf("threadstatus: list /proc/self/task: %d threads, %v", len(tids), err)
 	}
-	for _, p := range tasks {
-		b, err := os.ReadFile(p)
+	for _, tid := range tids {
+		b, err := os.ReadFile("/proc/self/task/" + tid + "/status")
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
@@ -35,11 +40,31 @@ func Each(fn func(tid string, status map[string]string) error) error {
 				st[k] = strings.TrimSpace(v)
 			}
 		}
-		if err := fn(filepath.Base(filepath.Dir(p)), st); err != nil {
+		if err := fn(tid, st); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// taskIDs lists the thread ids in /proc/self/task.
+func taskIDs() ([]string, error) {
+	d, err := os.Open("/proc/self/task")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	tids := names[:0]
+	for _, n := range names {
+		if _, err := strconv.Atoi(n); err == nil {
+			tids = append(tids, n)
+		}
+	}
+	return tids, nil
 }
 
 // Hex parses a hexadecimal field such as CapBnd.

@@ -608,6 +608,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	}
 	timing.Overlay = diskTook + it.Mounts + it.Pivot
 	timing.Network += it.Network
+	timing.Hardening = it.Harden + it.Seccomp
 	if idmapped {
 		unmountLower(dir)
 	}

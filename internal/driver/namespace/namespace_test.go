@@ -63,7 +63,7 @@ func TestCreateExecDestroy(t *testing.T) {
 	d := newDriver(t, testOptions(t))
 	inst := create(t, d, "sbx1", driver.Limits{})
 	t.Logf("timing %+v", inst.Timing())
-	if inst.Timing().Total == 0 || inst.Timing().AgentReady == 0 {
+	if inst.Timing().Total == 0 || inst.Timing().AgentReady == 0 || inst.Timing().Hardening == 0 {
 		t.Errorf("timing not filled in: %+v", inst.Timing())
 	}
 
