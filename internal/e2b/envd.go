@@ -57,6 +57,11 @@ type Envd struct {
 
 	mu       sync.Mutex
 	watchers map[string]*watcher // watcher id -> poller
+
+	// scan admits one search at a time for the sandbox of a signed URL
+	// that names none (serveSigned): each costs a few HMACs per running
+	// sandbox, and the request needs no credential to cause it.
+	scan chan struct{}
 }
 
 // NewEnvd returns the envd handler.
@@ -67,7 +72,7 @@ func NewEnvd(o EnvdOptions) *Envd {
 	if o.SessionTTL <= 0 {
 		o.SessionTTL = 24 * time.Hour
 	}
-	e := &Envd{o: o, rpc: http.NewServeMux(), watchers: map[string]*watcher{}}
+	e := &Envd{o: o, rpc: http.NewServeMux(), watchers: map[string]*watcher{}, scan: make(chan struct{}, 1)}
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage), connect.WithSendMaxBytes(maxRPCMessage)}
 	e.rpc.Handle(processpbconnect.NewProcessHandler(&processService{e: e}, opts...))
 	e.rpc.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{e: e}, opts...))

@@ -205,6 +205,11 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 			}
 		}
 	}
+	if gerr != nil && errors.Is(err, core.ErrConflict) && f.o.Node.PausedPublic(t.SandboxID) {
+		// A public port needs no credential, so its paused state is no
+		// secret: the same 409 as with a credential.
+		return nil, errPaused()
+	}
 	if gerr != nil {
 		return nil, gerr
 	}
@@ -216,7 +221,7 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 		}
 	}
 	if errors.Is(err, core.ErrConflict) {
-		return nil, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
+		return nil, errPaused()
 	}
 	if err != nil {
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found or not running")
@@ -427,10 +432,15 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 		httpx.WriteError(w, httpx.Errorf(http.StatusBadGateway, "port_not_listening",
 			"nothing is listening on port %d in sandbox %s", fw.t.Port, fw.t.SandboxID))
 	case errors.Is(err, core.ErrConflict):
-		httpx.WriteError(w, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API"))
+		httpx.WriteError(w, errPaused())
 	default:
 		f.o.Logf("sandbox %s: port %d: %v", fw.t.SandboxID, fw.t.Port, err)
 		httpx.WriteError(w, httpx.Errorf(http.StatusBadGateway, "bad_gateway",
 			"the server on port %d of sandbox %s did not answer", fw.t.Port, fw.t.SandboxID))
 	}
+}
+
+// errPaused is the answer for a paused sandbox, as the data plane's.
+func errPaused() error {
+	return httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
 }
