@@ -50,14 +50,14 @@ describe(`e2b SDK (${pkg}) edges`, () => {
   test('restore with envs adds them on top of the snapshot\'s; the restored sandbox reports its template', async () => {
     const snap = await sbx.createSnapshot()
     const restored = await create(snap.snapshotId, { envs: { B: 'B2', C: 'c' } })
-    const out = await restored.commands.run('echo "$A $B $C"')
-    assert.equal(out.stdout, 'a B2 c\n')
     const src = await sbx.getInfo()
     const info = await restored.getInfo()
     assert.equal(info.templateId, src.templateId)
     assert.equal(info.templateId, template)
     const listed = (await Sandbox.list({ query: { state: ['running'] } }).nextItems()).find((s) => s.sandboxId === restored.sandboxId)
     assert.equal(listed?.templateId, template, JSON.stringify(listed))
+    const out = await restored.commands.run('echo "$A $B $C"')
+    assert.equal(out.stdout, 'a B2 c\n')
     assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
   })
 
