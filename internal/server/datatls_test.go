@@ -1,36 +1,31 @@
 package server
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/space-sandbox/space/internal/cluster"
 )
 
-// writeSelfSigned writes a self-signed certificate for name and its key.
-func writeSelfSigned(t *testing.T, certFile, keyFile, name string) {
+// writeCert writes a certificate for name, and its key, issued by a fresh
+// CA (the CA code of space certs).
+func writeCert(t *testing.T, certFile, keyFile, name string) {
 	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	caPEM, caKey, err := cluster.NewCA("test CA", time.Hour, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		DNSNames: []string{name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	certPEM, keyPEM, err := cluster.IssueCert(caPEM, caKey, cluster.CertRequest{Role: cluster.RoleNode, Name: name, Validity: time.Hour}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kd, _ := x509.MarshalECPrivateKey(k)
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), 0o600)
+	os.WriteFile(certFile, certPEM, 0o600)
+	os.WriteFile(keyFile, keyPEM, 0o600)
 }
 
 func TestDataTLS(t *testing.T) {
@@ -45,7 +40,7 @@ func TestDataTLS(t *testing.T) {
 	if _, err := dataTLS(cert, key); err == nil {
 		t.Fatal("missing files were accepted")
 	}
-	writeSelfSigned(t, cert, key, "*.one.test")
+	writeCert(t, cert, key, "one.test")
 	conf, err := dataTLS(cert, key)
 	if err != nil {
 		t.Fatal(err)
@@ -58,20 +53,20 @@ func TestDataTLS(t *testing.T) {
 		leaf, _ := x509.ParseCertificate(c.Certificate[0])
 		return leaf.Subject.CommonName
 	}
-	if got := name(); got != "*.one.test" {
+	if got := name(); got != "one.test" {
 		t.Fatalf("served %q", got)
 	}
 	// A renewal is served once the files change; a broken one is not.
 	time.Sleep(1100 * time.Millisecond)
-	writeSelfSigned(t, cert, key, "*.two.test")
+	writeCert(t, cert, key, "two.test")
 	os.Chtimes(cert, time.Now().Add(time.Minute), time.Now().Add(time.Minute))
-	if got := name(); got != "*.two.test" {
+	if got := name(); got != "two.test" {
 		t.Fatalf("after renewal served %q", got)
 	}
 	time.Sleep(1100 * time.Millisecond)
 	os.WriteFile(key, []byte("half written"), 0o600)
 	os.Chtimes(key, time.Now().Add(2*time.Minute), time.Now().Add(2*time.Minute))
-	if got := name(); got != "*.two.test" {
+	if got := name(); got != "two.test" {
 		t.Fatalf("after a broken renewal served %q", got)
 	}
 }

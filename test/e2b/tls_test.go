@@ -2,14 +2,7 @@ package e2btest
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/test/testenv"
 )
 
@@ -48,7 +42,7 @@ func TestSDKTLS(t *testing.T) {
 	}
 	defer os.RemoveAll(runDir)
 	// The sandbox domain carries the data port, so pick it first.
-	ctrlAddr, dataAddr := freeAddr(t), freeAddr(t)
+	ctrlAddr, dataAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	srv := &testenv.Server{Bin: e.Bin, Work: work, DataDir: filepath.Join(work, "data"), RunDir: runDir,
 		TemplateDir: e.TemplateDir, LogPath: filepath.Join(work, "server.log"),
 		Ctrl: "http://" + ctrlAddr, Data: "http://" + dataAddr,
@@ -99,17 +93,6 @@ func TestSDKTLS(t *testing.T) {
 	}
 }
 
-// freeAddr returns a loopback address no one listens on (for a moment).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func portOf(t *testing.T, addr string) int {
 	t.Helper()
 	_, p, err := net.SplitHostPort(addr)
@@ -121,44 +104,24 @@ func portOf(t *testing.T, addr string) int {
 	return n
 }
 
-// writeTestCerts makes a CA and a certificate for *.space.test signed by
-// it, and writes ca.pem, cert.pem and key.pem into dir.
+// writeTestCerts makes a CA and a certificate for *.space.test (and
+// space.test) signed by it with the CA code of `space certs`, and writes
+// ca.pem, cert.pem and key.pem into dir.
 func writeTestCerts(t *testing.T, dir string) (ca, cert, key string) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "space test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	caPEM, caKey, err := cluster.NewCA("space test CA", 24*time.Hour, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + tlsDomain},
-		DNSNames: []string{"*." + tlsDomain, tlsDomain}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	certPEM, keyPEM, err := cluster.IssueCert(caPEM, caKey,
+		cluster.CertRequest{Role: cluster.RoleNode, Name: tlsDomain, Hosts: []string{"*." + tlsDomain}, Validity: 24 * time.Hour}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ca, cert, key = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	for _, f := range []struct {
-		path, typ string
-		der       []byte
-	}{{ca, "CERTIFICATE", caDER}, {cert, "CERTIFICATE", srvDER}, {key, "EC PRIVATE KEY", keyDER}} {
-		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
+	for f, b := range map[string][]byte{ca: caPEM, cert: certPEM, key: keyPEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
