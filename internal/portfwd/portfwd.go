@@ -197,7 +197,9 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 	grant, fromQuery, gerr := f.credential(r, t)
 	if gerr != nil && err != nil && f.o.WakePublic != nil && !hasCredential(r) {
 		// A paused public sandbox with auto-resume wakes for a browser too.
-		if woke, werr := f.o.WakePublic(r.Context(), t.SandboxID); werr != nil {
+		if woke, werr := f.o.WakePublic(r.Context(), t.SandboxID); errors.Is(werr, core.ErrConflict) {
+			return nil, errPaused() // public, paused or hibernated, no auto-resume
+		} else if werr != nil {
 			f.o.Logf("sandbox %s: auto-resume for port %d: %v", t.SandboxID, t.Port, werr)
 		} else if woke {
 			if sb, err = f.o.Node.Sandbox(t.SandboxID); err == nil && sb.PublicPorts() {
@@ -218,6 +220,12 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 			f.o.Logf("sandbox %s: auto-resume for port %d: %v", t.SandboxID, t.Port, werr)
 		} else if woke {
 			sb, err = f.o.Node.Sandbox(t.SandboxID)
+		} else if errors.Is(err, core.ErrNotFound) && f.o.WakePublic != nil {
+			// Not on the node and not woken: a hibernated public sandbox
+			// answers what it answers without a credential.
+			if _, werr := f.o.WakePublic(r.Context(), t.SandboxID); errors.Is(werr, core.ErrConflict) {
+				return nil, errPaused()
+			}
 		}
 	}
 	if errors.Is(err, core.ErrConflict) {

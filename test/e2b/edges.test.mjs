@@ -98,4 +98,20 @@ describe(`e2b SDK (${pkg}) edges`, () => {
     assert.equal(anon.status, withToken.status, bodies.join(' | '))
     assert.equal(anon.status, 409, bodies[0])
   })
+
+  test('a sandbox paused at its timeout (hibernated) answers the same on its public port with or without a credential', async () => {
+    const s = await create(template, { timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } })
+    let state = 'running'
+    for (let i = 0; i < 100 && state !== 'paused'; i++) {
+      await new Promise((r) => setTimeout(r, 200))
+      state = (await s.getInfo()).state
+    }
+    assert.equal(state, 'paused', 'not paused at its timeout')
+    const port = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' }
+    const anon = await fetch(sandboxURL + '/', { headers: port })
+    const withToken = await fetch(sandboxURL + '/', { headers: { ...port, 'X-Access-Token': s.envdAccessToken || '' } })
+    const bodies = [await anon.text(), await withToken.text()]
+    assert.equal(anon.status, withToken.status, bodies.join(' | '))
+    assert.equal(anon.status, 409, bodies[0])
+  })
 })
