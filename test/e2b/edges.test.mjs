@@ -11,6 +11,17 @@ const { Sandbox } = await import(pkg)
 const template = process.env.SPACE_E2B_TEMPLATE || 'base'
 const sandboxURL = process.env.E2B_SANDBOX_URL
 
+// pausedPortAnswers checks that port 8000 of the paused sandbox s answers
+// 409 both without a credential and with its envd token.
+async function pausedPortAnswers(s) {
+  const port = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' }
+  const anon = await fetch(sandboxURL + '/', { headers: port })
+  const withToken = await fetch(sandboxURL + '/', { headers: { ...port, 'X-Access-Token': s.envdAccessToken || '' } })
+  const bodies = [await anon.text(), await withToken.text()]
+  assert.equal(anon.status, withToken.status, bodies.join(' | '))
+  assert.equal(anon.status, 409, bodies[0])
+}
+
 describe(`e2b SDK (${pkg}) edges`, () => {
   let sbx
   const made = []
@@ -91,12 +102,7 @@ describe(`e2b SDK (${pkg}) edges`, () => {
     const s = await create(template)
     const pause = s.pause ? s.pause.bind(s) : s.betaPause.bind(s)
     assert.equal(await pause(), true)
-    const port = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' }
-    const anon = await fetch(sandboxURL + '/', { headers: port })
-    const withToken = await fetch(sandboxURL + '/', { headers: { ...port, 'X-Access-Token': s.envdAccessToken || '' } })
-    const bodies = [await anon.text(), await withToken.text()]
-    assert.equal(anon.status, withToken.status, bodies.join(' | '))
-    assert.equal(anon.status, 409, bodies[0])
+    await pausedPortAnswers(s)
   })
 
   test('a sandbox paused at its timeout (hibernated) answers the same on its public port with or without a credential', async () => {
@@ -107,11 +113,6 @@ describe(`e2b SDK (${pkg}) edges`, () => {
       state = (await s.getInfo()).state
     }
     assert.equal(state, 'paused', 'not paused at its timeout')
-    const port = { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '8000' }
-    const anon = await fetch(sandboxURL + '/', { headers: port })
-    const withToken = await fetch(sandboxURL + '/', { headers: { ...port, 'X-Access-Token': s.envdAccessToken || '' } })
-    const bodies = [await anon.text(), await withToken.text()]
-    assert.equal(anon.status, withToken.status, bodies.join(' | '))
-    assert.equal(anon.status, 409, bodies[0])
+    await pausedPortAnswers(s)
   })
 })
