@@ -91,10 +91,52 @@ func (e *Envd) serveSigned(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// stableTokens returns sb's valid stable tokens, from the cache when they
+// were computed within the current second.
+func (e *Envd) stableTokens(sb *node.Sandbox) []string {
+	now := time.Now().Unix()
+	e.tokMu.Lock()
+	defer e.tokMu.Unlock()
+	key := sb.ProjectID + "/" + sb.ID
+	if c, ok := e.toks[key]; ok && c.sec == now {
+		return c.toks
+	}
+	toks := e.o.Sessions.StableTokens(sb.ProjectID, sb.ID, e.o.SessionTTL)
+	if len(e.toks) >= maxTokenSets {
+		// Signed URLs that name their sandbox never scan: bound the
+		// cache here too.
+		e.dropStale(now)
+	}
+	e.toks[key] = stableSet{sec: now, toks: toks}
+	return toks
+}
+
+// maxTokenSets is the cache size past which stale entries are dropped on
+// insert (a node runs far fewer sandboxes).
+const maxTokenSets = 4096
+
+// pruneTokens drops cached tokens older than the current second (they
+// would be recomputed anyway; gone sandboxes leave nothing behind).
+func (e *Envd) pruneTokens() {
+	e.tokMu.Lock()
+	defer e.tokMu.Unlock()
+	e.dropStale(time.Now().Unix())
+}
+
+// dropStale deletes the cache entries not computed in second now; the
+// caller holds tokMu.
+func (e *Envd) dropStale(now int64) {
+	for k, c := range e.toks {
+		if c.sec != now {
+			delete(e.toks, k)
+		}
+	}
+}
+
 // signedBy reports whether one of sb's valid stable tokens made sig.
 func (e *Envd) signedBy(sb *node.Sandbox, sig, p, op, user, expStr string) bool {
 	ok := false
-	for _, tok := range e.o.Sessions.StableTokens(sb.ProjectID, sb.ID, e.o.SessionTTL) {
+	for _, tok := range e.stableTokens(sb) {
 		if subtle.ConstantTimeCompare([]byte(sig), []byte(fileSignature(p, op, user, tok, expStr))) == 1 {
 			ok = true
 		}
@@ -104,7 +146,9 @@ func (e *Envd) signedBy(sb *node.Sandbox, sig, p, op, user, expStr string) bool 
 
 // signedSandbox finds the running sandbox of this node whose token made
 // sig (nil: none). One search runs at a time; a request waits for its
-// turn while its context lives.
+// turn while its context lives. With the tokens cached per second, a
+// flood of forged URLs costs one SHA-256 per token per running sandbox
+// each, and the HMACs at most once a second.
 func (e *Envd) signedSandbox(ctx context.Context, sig, p, op, user, expStr string) (*node.Sandbox, error) {
 	if !strings.HasPrefix(sig, "v1_") {
 		return nil, nil
@@ -115,6 +159,7 @@ func (e *Envd) signedSandbox(ctx context.Context, sig, p, op, user, expStr strin
 		return nil, ctx.Err()
 	}
 	defer func() { <-e.scan }()
+	e.pruneTokens()
 	for _, sb := range e.o.Node.Running() {
 		if e.signedBy(sb, sig, p, op, user, expStr) {
 			return sb, nil
