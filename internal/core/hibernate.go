@@ -400,11 +400,17 @@ func (s *Service) dropAutoSnapshots(ctx context.Context, projectID, id string) {
 
 // AutoResumePublic is AutoResume for a forwarded-port request that carries
 // no credential: only a sandbox with public ports is woken by one (any
-// other answers false, as if it did not exist).
+// other answers false, as if it did not exist). A public sandbox that is
+// paused or hibernated without auto-resume is ErrConflict: its ports need
+// no credential, so its state is no secret, and the forwarder answers
+// sandbox_paused as it does with a credential.
 func (s *Service) AutoResumePublic(ctx context.Context, id string) (bool, error) {
 	sb, err := s.store.GetSandbox(ctx, "", id)
 	if err != nil || !sb.PublicPorts {
 		return false, nil
+	}
+	if !sb.AutoResume && (sb.State == SandboxPaused || sb.State == SandboxHibernated) {
+		return false, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, ErrConflict)
 	}
 	return s.AutoResume(ctx, sb.ProjectID, id)
 }

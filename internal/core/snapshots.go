@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"sync"
 	"time"
@@ -18,12 +19,25 @@ const SandboxPaused SandboxState = "paused"
 // SnapshotState is where a snapshot is in its life.
 type SnapshotState string
 
-// Snapshot states: creating → ready | failed.
+// Snapshot states: creating → ready | failed; ready → retained when its
+// owner deletes it while newer snapshots build on it.
 const (
 	SnapshotCreating SnapshotState = "creating"
 	SnapshotReady    SnapshotState = "ready"
 	SnapshotFailed   SnapshotState = "failed"
+	// SnapshotRetained is a deleted snapshot whose data its children
+	// still need: hidden from the API (404, not listed), kept in the
+	// store and the chunk store until its last child goes, then deleted.
+	SnapshotRetained SnapshotState = "retained"
 )
+
+// snapshotStatesShown are the states the API lists when asked for none.
+func snapshotStatesShown() []SnapshotState {
+	return []SnapshotState{SnapshotCreating, SnapshotReady, SnapshotFailed}
+}
+
+// SnapshotStatesKept are the states whose data a collector keeps.
+func SnapshotStatesKept() []SnapshotState { return []SnapshotState{SnapshotReady, SnapshotRetained} }
 
 // SnapshotKindFilesystem is the writable layer, not processes or memory. A
 // restore or fork starts the sandbox's processes afresh.
@@ -149,6 +163,8 @@ func ValidSnapshotID(id string) bool { return snapshotIDRE.MatchString(id) }
 //
 // Every field the request leaves unset takes the snapshot's source
 // sandbox's value (limits field by field); what the request sets wins.
+// Env is merged: the request's variables go on top of the source's, as
+// E2B documents for a create from a snapshot.
 // docs/security.md ("Security attributes by creation path") is the table.
 type ForkRequest struct {
 	Count          int               `json:"count"`
@@ -181,8 +197,9 @@ func forkCreate(snap Snapshot, req ForkRequest, src *Sandbox) CreateRequest {
 	if src == nil {
 		return creq
 	}
-	if creq.Env == nil {
-		creq.Env = src.Env
+	if len(src.Env) > 0 {
+		creq.Env = maps.Clone(src.Env)
+		maps.Copy(creq.Env, req.Env)
 	}
 	for _, f := range []struct{ dst, src *int64 }{
 		{&creq.Limits.MemoryBytes, &src.Limits.MemoryBytes}, {&creq.Limits.CPUMillis, &src.Limits.CPUMillis},
@@ -518,7 +535,7 @@ func (s *Service) chain(ctx context.Context, id string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("snapshot chain: %w", err)
 		}
-		if snap.State != SnapshotReady || snap.Manifest == "" {
+		if (snap.State != SnapshotReady && snap.State != SnapshotRetained) || snap.Manifest == "" {
 			return nil, fmt.Errorf("snapshot %s is %s: %w", cur, snap.State, ErrConflict)
 		}
 		rev = append(rev, snap.Manifest)
@@ -536,7 +553,11 @@ func (s *Service) GetSnapshot(ctx context.Context, projectID, id string) (Snapsh
 	if !ValidSnapshotID(id) {
 		return Snapshot{}, fmt.Errorf("snapshot %.80q: %w", id, ErrNotFound)
 	}
-	return s.store.GetSnapshot(ctx, projectID, id)
+	snap, err := s.store.GetSnapshot(ctx, projectID, id)
+	if err == nil && snap.State == SnapshotRetained {
+		return Snapshot{}, fmt.Errorf("snapshot %s was deleted: %w", id, ErrNotFound)
+	}
+	return snap, err
 }
 
 // ListSnapshots returns a page of a project's snapshots, oldest first.
@@ -544,26 +565,67 @@ func (s *Service) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsh
 	if f.Limit <= 0 || f.Limit > 1000 {
 		f.Limit = 100
 	}
+	if len(f.States) == 0 {
+		f.States = snapshotStatesShown()
+	}
 	return s.store.ListSnapshots(ctx, f)
 }
 
-// DeleteSnapshot removes a snapshot that no other snapshot depends on and
-// starts the operation that reclaims its data.
+// DeleteSnapshot deletes a snapshot and starts the operation that reclaims
+// its data. Snapshots of one sandbox may go in any order: one that newer
+// snapshots build on is retained (hidden, its data kept) until the last of
+// them goes, and then deleted with it. A snapshot that holds a hibernated
+// sandbox is 409.
 func (s *Service) DeleteSnapshot(ctx context.Context, projectID, id string) (Operation, error) {
-	if _, err := s.GetSnapshot(ctx, projectID, id); err != nil {
+	snap, err := s.GetSnapshot(ctx, projectID, id)
+	if err != nil {
 		return Operation{}, err
 	}
 	if err := s.snapshotHibernates(ctx, projectID, id); err != nil {
 		return Operation{}, err
 	}
-	if err := s.store.DeleteSnapshot(ctx, projectID, id); err != nil {
+	err = s.store.DeleteSnapshot(ctx, projectID, id)
+	if errors.Is(err, ErrConflict) {
+		// Children need its data: the store said so within its
+		// transaction, and a child made after it keeps it retained too.
+		_, err = s.store.UpdateSnapshot(ctx, id, func(cur *Snapshot) error {
+			if cur.State != SnapshotReady {
+				return fmt.Errorf("snapshot is %s: %w", cur.State, ErrConflict)
+			}
+			cur.State, cur.UpdatedAt = SnapshotRetained, s.opts.Now().UTC()
+			return nil
+		})
+		if err != nil {
+			return Operation{}, err
+		}
+	} else if err != nil {
 		return Operation{}, err
+	} else {
+		s.dropRetained(ctx, snap.ParentID)
 	}
 	op := s.engine.NewOperation(projectID, "snapshot.delete", id)
 	return s.engine.Submit(ctx, op, "", func(ctx context.Context, progress Progress) (any, error) {
 		progress(10, "collecting unreferenced chunks")
 		return s.CollectSnapshots(ctx)
 	})
+}
+
+// dropRetained deletes the retained snapshots up the chain from id that no
+// snapshot needs any more (the store refuses one that still has children).
+func (s *Service) dropRetained(ctx context.Context, id string) {
+	for n := 0; id != "" && n < maxChain; n++ {
+		p, err := s.store.GetSnapshot(ctx, "", id)
+		if err != nil || p.State != SnapshotRetained {
+			return
+		}
+		if err := s.store.DeleteSnapshot(ctx, "", id); err != nil {
+			if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
+				s.opts.Logf("snapshot %s: delete once its children are gone: %v", id, err)
+			}
+			return
+		}
+		id = p.ParentID
+	}
 }
 
 // CollectSnapshots removes stored snapshot data no ready snapshot needs. It
@@ -576,7 +638,7 @@ func (s *Service) CollectSnapshots(ctx context.Context) (any, error) {
 	}
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
-	ready, err := s.store.ListSnapshots(ctx, SnapshotFilter{States: []SnapshotState{SnapshotReady}})
+	ready, err := s.store.ListSnapshots(ctx, SnapshotFilter{States: SnapshotStatesKept()})
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,22 @@ type Envd struct {
 
 	mu       sync.Mutex
 	watchers map[string]*watcher // watcher id -> poller
+
+	// scan admits one search at a time for the sandbox of a signed URL
+	// that names none (serveSigned): the request needs no credential to
+	// cause it.
+	scan chan struct{}
+	// tokMu guards toks: each sandbox's valid stable tokens, computed
+	// (two HMACs each) at most once a second; the set changes only at
+	// whole seconds (window starts and expiries).
+	tokMu sync.Mutex
+	toks  map[string]stableSet
+}
+
+// stableSet is a sandbox's valid stable tokens as of one second.
+type stableSet struct {
+	sec  int64
+	toks []string
 }
 
 // NewEnvd returns the envd handler.
@@ -67,7 +83,7 @@ func NewEnvd(o EnvdOptions) *Envd {
 	if o.SessionTTL <= 0 {
 		o.SessionTTL = 24 * time.Hour
 	}
-	e := &Envd{o: o, rpc: http.NewServeMux(), watchers: map[string]*watcher{}}
+	e := &Envd{o: o, rpc: http.NewServeMux(), watchers: map[string]*watcher{}, scan: make(chan struct{}, 1), toks: map[string]stableSet{}}
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage), connect.WithSendMaxBytes(maxRPCMessage)}
 	e.rpc.Handle(processpbconnect.NewProcessHandler(&processService{e: e}, opts...))
 	e.rpc.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{e: e}, opts...))

@@ -22,6 +22,7 @@ import (
 	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
+	"github.com/space-sandbox/space/internal/egress/policy"
 	"github.com/space-sandbox/space/internal/httpx"
 )
 
@@ -63,6 +64,11 @@ type APIOptions struct {
 	// (the answers' "domain": the SDK's getHost(port) is
 	// "<port>-<id>.<domain>"); nil: no domain is reported.
 	PortDomain func(core.Sandbox) string
+	// OpenByDefault gives a sandbox whose create asks for no network
+	// E2B's default, the open internet (SPACE's open mode), instead of
+	// SPACE's, blocked: the operator's choice (space server
+	// --e2b-network), which needs the egress gateway.
+	OpenByDefault bool
 }
 
 // DefaultAliases is the alias table used when APIOptions.Aliases is nil.
@@ -442,6 +448,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request, p auth.Principal) e
 		// driver captured them).
 		sb, op, err = a.createFromSnapshot(r, p, alias, &req, timeout, network)
 	} else {
+		if network == nil && a.o.OpenByDefault {
+			network = &core.NetworkPolicy{Mode: string(policy.Open)}
+		}
 		sb, op, err = a.o.Service.Create(r.Context(), p.ProjectID, core.CreateRequest{
 			Template: tpl, Env: req.EnvVars, Metadata: req.Metadata, TimeoutSeconds: &timeout,
 			OnTimeout: onTimeout, AutoResume: autoResume, Network: network,

@@ -543,6 +543,30 @@ func (n *Node) Sandbox(id string) (*Sandbox, error) {
 	}
 }
 
+// PausedPublic reports whether id is a sandbox of this node that is paused
+// and has public ports: the port forwarder answers its paused state to a
+// request without a credential, as it would to one with a credential.
+func (n *Node) PausedPublic(id string) bool {
+	n.mu.Lock()
+	h := n.sandboxes[id]
+	n.mu.Unlock()
+	return h != nil && h.paused.Load() && h.publicPorts
+}
+
+// Running returns the sandboxes of this node that run (not paused), in no
+// particular order.
+func (n *Node) Running() []*Sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*Sandbox, 0, len(n.sandboxes))
+	for _, h := range n.sandboxes {
+		if !h.paused.Load() {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 // Count returns how many sandboxes the node runs (after Close: the ones
 // that outlive the process; warm-pool sandboxes are not counted).
 func (n *Node) Count() int {

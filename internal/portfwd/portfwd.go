@@ -197,13 +197,20 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 	grant, fromQuery, gerr := f.credential(r, t)
 	if gerr != nil && err != nil && f.o.WakePublic != nil && !hasCredential(r) {
 		// A paused public sandbox with auto-resume wakes for a browser too.
-		if woke, werr := f.o.WakePublic(r.Context(), t.SandboxID); werr != nil {
+		if woke, werr := f.o.WakePublic(r.Context(), t.SandboxID); errors.Is(werr, core.ErrConflict) {
+			return nil, errPaused() // public, paused or hibernated, no auto-resume
+		} else if werr != nil {
 			f.o.Logf("sandbox %s: auto-resume for port %d: %v", t.SandboxID, t.Port, werr)
 		} else if woke {
 			if sb, err = f.o.Node.Sandbox(t.SandboxID); err == nil && sb.PublicPorts() {
 				return sb, nil
 			}
 		}
+	}
+	if gerr != nil && errors.Is(err, core.ErrConflict) && f.o.Node.PausedPublic(t.SandboxID) {
+		// A public port needs no credential, so its paused state is no
+		// secret: the same 409 as with a credential.
+		return nil, errPaused()
 	}
 	if gerr != nil {
 		return nil, gerr
@@ -213,10 +220,16 @@ func (f *Forwarder) authorize(w http.ResponseWriter, r *http.Request, t Target) 
 			f.o.Logf("sandbox %s: auto-resume for port %d: %v", t.SandboxID, t.Port, werr)
 		} else if woke {
 			sb, err = f.o.Node.Sandbox(t.SandboxID)
+		} else if errors.Is(err, core.ErrNotFound) && f.o.WakePublic != nil {
+			// Not on the node and not woken: a hibernated public sandbox
+			// answers what it answers without a credential.
+			if _, werr := f.o.WakePublic(r.Context(), t.SandboxID); errors.Is(werr, core.ErrConflict) {
+				return nil, errPaused()
+			}
 		}
 	}
 	if errors.Is(err, core.ErrConflict) {
-		return nil, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
+		return nil, errPaused()
 	}
 	if err != nil {
 		return nil, httpx.Errorf(http.StatusNotFound, "not_found", "sandbox not found or not running")
@@ -427,10 +440,15 @@ func (f *Forwarder) proxyError(w http.ResponseWriter, r *http.Request, err error
 		httpx.WriteError(w, httpx.Errorf(http.StatusBadGateway, "port_not_listening",
 			"nothing is listening on port %d in sandbox %s", fw.t.Port, fw.t.SandboxID))
 	case errors.Is(err, core.ErrConflict):
-		httpx.WriteError(w, httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API"))
+		httpx.WriteError(w, errPaused())
 	default:
 		f.o.Logf("sandbox %s: port %d: %v", fw.t.SandboxID, fw.t.Port, err)
 		httpx.WriteError(w, httpx.Errorf(http.StatusBadGateway, "bad_gateway",
 			"the server on port %d of sandbox %s did not answer", fw.t.Port, fw.t.SandboxID))
 	}
+}
+
+// errPaused is the answer for a paused sandbox, as the data plane's.
+func errPaused() error {
+	return httpx.Errorf(http.StatusConflict, "sandbox_paused", "the sandbox is paused; resume it through the control API")
 }

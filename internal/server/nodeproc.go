@@ -406,7 +406,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	}
 	// Snapshot data no ready snapshot needs is reclaimed here, before the
 	// node serves: no capture can be running on it now.
-	ready, err := p.store.ListSnapshots(ctx, core.SnapshotFilter{States: []core.SnapshotState{core.SnapshotReady}})
+	ready, err := p.store.ListSnapshots(ctx, core.SnapshotFilter{States: core.SnapshotStatesKept()})
 	if err != nil {
 		return nil, fmt.Errorf("snapshots: %w", err)
 	}

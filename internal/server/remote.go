@@ -143,7 +143,7 @@ func startRemote(ctx context.Context, cfg Config) (*Server, error) {
 				u = cfg.DataURL
 			}
 			return portfwd.NewURLs(u, cfg.SandboxDomain).Domain
-		}})
+		}, OpenByDefault: cfg.E2BNetwork == E2BNetworkOpen})
 	apiOpts := api.Options{
 		Service: s.svc, Engine: s.engine, Broker: broker, Keys: keys, Sessions: sessions,
 		Templates: &remoteTemplates{r: remote, logf: cfg.Logf}, Store: s.store, DataURL: cfg.DataURL, DataURLFor: remote.DataURL, SandboxDomain: cfg.SandboxDomain,

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -145,10 +146,24 @@ type Config struct {
 	// MaxPortConns bounds the forwarded requests open at once per sandbox
 	// (0: portfwd.DefaultMaxConns).
 	MaxPortConns int
+	// DataTLSCert and DataTLSKey are PEM files of the data listener's
+	// certificate and key: with them it serves HTTPS (HTTP/2 and
+	// HTTP/1.1) instead of plain HTTP, and the default data URL is https.
+	DataTLSCert, DataTLSKey string
+	// E2BNetwork is the network of an E2B sandbox whose create asks for
+	// none: "blocked" ("" too) or "open" (E2B's own default; needs
+	// Egress).
+	E2BNetwork string
 	// disks makes the sandboxes' disk images where disk limits are on
 	// (withDisks).
 	disks *diskquota.Manager
 }
+
+// Values of Config.E2BNetwork.
+const (
+	E2BNetworkBlocked = "blocked"
+	E2BNetworkOpen    = "open"
+)
 
 // EgressConfig configures sandbox networks and the egress gateway. Two
 // servers on one host need different Links.IfPrefix, Links.Table and
@@ -589,9 +604,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.dataLn, err = net.Listen("tcp", cfg.DataListen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.DataListen, err)
 	}
+	dataTLSConf, err := dataTLS(cfg.DataTLSCert, cfg.DataTLSKey)
+	if err != nil {
+		return nil, err
+	}
 	dataURL := cfg.DataURL
 	if dataURL == "" {
 		dataURL = "http://" + s.dataLn.Addr().String()
+		if dataTLSConf != nil {
+			dataURL = "https://" + s.dataLn.Addr().String()
+		}
 	}
 	// E2B compatibility: its REST paths (/sandboxes, /v2/sandboxes, ...) on
 	// the control listener, envd (routed by E2b-Sandbox-Id) on the data one.
@@ -601,7 +623,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	e2bAPI := e2b.NewAPI(e2b.APIOptions{Service: s.svc, Engine: s.engine, Keys: keys, Sessions: sessions,
 		SessionTTL: cfg.SessionTTL, Logf: cfg.Logf, Audit: s.audit, InternalRange: internalRange,
-		PortDomain: func(core.Sandbox) string { return portfwd.NewURLs(dataURL, cfg.SandboxDomain).Domain }})
+		PortDomain:    func(core.Sandbox) string { return portfwd.NewURLs(dataURL, cfg.SandboxDomain).Domain },
+		OpenByDefault: cfg.E2BNetwork == E2BNetworkOpen})
 	e2bEnvd := e2b.NewEnvd(e2b.EnvdOptions{Node: s.node, Sessions: sessions, Logf: cfg.Logf, Wake: s.svc.AutoResume,
 		SessionTTL: cfg.SessionTTL})
 	apiOpts := api.Options{
@@ -626,6 +649,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// httpx.Listener for what net/http answers itself.
 	s.ctrl = &http.Server{Handler: httpx.Limits(withConsole(e2bAPI.Wrap(api.New(apiOpts)), func() []string { return []string{dataURL} })), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: httpx.ServerMaxHeaderBytes}
 	s.data = newDataServer(cfg, s.node, sessions, e2bEnvd, dataURL, serviceWakers(s.svc), s.audit)
+	dataLn := httpx.Listener(s.dataLn)
+	if dataTLSConf != nil {
+		s.data.TLSConfig = dataTLSConf
+		s.data.Protocols.SetHTTP2(true)
+		s.data.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
+		dataLn = tls.NewListener(dataLn, s.data.TLSConfig)
+	}
 	if err := s.startMetrics(runCtx, obs, cfg.NodeName, drv.Name(), keys); err != nil {
 		return nil, err
 	}
@@ -633,12 +663,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	for _, p := range []struct {
 		srv *http.Server
 		ln  net.Listener
-	}{{s.ctrl, s.ctrlLn}, {s.data, s.dataLn}} {
+	}{{s.ctrl, httpx.Listener(s.ctrlLn)}, {s.data, dataLn}} {
 		p := p
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			if err := p.srv.Serve(httpx.Listener(p.ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := p.srv.Serve(p.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				cfg.Logf("serve %s: %v", p.ln.Addr(), err)
 			}
 		}()
@@ -666,6 +696,19 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 func checkConfig(cfg Config) error {
 	if cfg.MaxOutputBytes != 0 && cfg.MaxOutputBytes < node.MinMaxLogBytes {
 		return fmt.Errorf("--max-output-bytes %d is below the minimum %d (4 MiB): %w", cfg.MaxOutputBytes, node.MinMaxLogBytes, core.ErrInvalid)
+	}
+	switch cfg.E2BNetwork {
+	case "", E2BNetworkBlocked:
+	case E2BNetworkOpen:
+		// With --remote-nodes the nodes have the gateway (or refuse).
+		if cfg.Egress == nil && !cfg.RemoteNodes {
+			return fmt.Errorf("--e2b-network open needs --egress (without the gateway sandboxes have no network): %w", core.ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("--e2b-network %q: want blocked or open: %w", cfg.E2BNetwork, core.ErrInvalid)
+	}
+	if cfg.RemoteNodes && (cfg.DataTLSCert != "" || cfg.DataTLSKey != "") {
+		return fmt.Errorf("--data-tls-cert/--data-tls-key: with --remote-nodes the data listeners are the nodes'; put a TLS front end before them (docs/e2b-compat.md): %w", core.ErrInvalid)
 	}
 	return nil
 }

@@ -29,7 +29,7 @@ func openSnapshotStore(ctx context.Context, spec string, logf func(string, ...an
 // snapshot.SharedGCMinAge (younger ones may belong to captures in flight
 // on other nodes). Errors are logged: nothing is deleted on a doubt.
 func collectSharedSnapshots(ctx context.Context, st core.Store, collect func(context.Context, []string, time.Duration) (snapshot.SharedGCResult, error), logf func(string, ...any)) {
-	ready, err := st.ListSnapshots(ctx, core.SnapshotFilter{States: []core.SnapshotState{core.SnapshotReady}})
+	ready, err := st.ListSnapshots(ctx, core.SnapshotFilter{States: core.SnapshotStatesKept()})
 	if err != nil {
 		logf("shared snapshot gc: %v", err)
 		return

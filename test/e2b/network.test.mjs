@@ -3,7 +3,9 @@
 // SPACE stores (native API, GET /v1/sandboxes/{id}). Started by
 // e2b_test.go (TestSDKNetwork) with the variables of sdk.test.mjs, plus
 //   SPACE_E2B_EGRESS  "1": the server runs --egress (its own network
-//                     namespace); otherwise it has no sandbox network
+//                     namespace) with --e2b-network open (E2B's default,
+//                     the open internet, for a create that asks for
+//                     nothing); otherwise it has no sandbox network
 import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 
@@ -56,10 +58,11 @@ describe(`e2b SDK (${pkg}) network options, server ${egress ? 'with' : 'without'
     assert.deepEqual(info.network.denyOut, [all])
   })
 
-  test('no network options: SPACE\'s default, blocked', async () => {
+  test(`no network options: the server's default, ${egress ? 'open (--e2b-network open)' : 'blocked'}`, async () => {
     // 2.50 sends allow_internet_access: true here too (its default).
     const sbx = await create({})
-    assert.equal((await policy(sbx.sandboxId)).mode, 'blocked')
+    assert.equal((await policy(sbx.sandboxId)).mode, egress ? 'open' : 'blocked')
+    assert.equal((await sbx.getInfo()).allowInternetAccess, egress)
   })
 
   test('a denyOut of a public range cannot be expressed: 400', async () => {
@@ -100,9 +103,9 @@ describe(`e2b SDK (${pkg}) network options, server ${egress ? 'with' : 'without'
     assert.deepEqual(await policy(sbx.sandboxId), { mode: 'allowlist', allow: ['registry.npmjs.org:80,443'] })
   })
 
-  test('allowInternetAccess: true is open (2.51); on 2.50 it is the SDK default and stays blocked', async () => {
+  test('allowInternetAccess: true is open (2.51 asks for it; on 2.50 it is the SDK default, and the server\'s default is open)', async () => {
     const sbx = await create({ allowInternetAccess: true })
-    assert.equal((await policy(sbx.sandboxId)).mode, v2 ? 'open' : 'blocked')
+    assert.equal((await policy(sbx.sandboxId)).mode, 'open')
   })
 
   test('allowOut all traffic, and a denyOut of internal ranges only: open', async () => {

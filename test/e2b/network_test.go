@@ -15,9 +15,10 @@ import (
 // TestSDKNetwork runs network.test.mjs (E2B's allowInternetAccess,
 // network.allowOut/denyOut and updateNetwork, checked against the policy
 // SPACE stores) with each pinned SDK version: against the suite's server,
-// which has no --egress, and against a second server with --egress that
-// runs, with the node processes, in a network namespace this test makes
-// (its nftables table and veths stay there).
+// which has no --egress, and against a second server with --egress and
+// --e2b-network open (E2B's default network) that runs, with the node
+// processes, in a network namespace this test makes (its nftables table
+// and veths stay there).
 func TestSDKNetwork(t *testing.T) {
 	e := need(t)
 	node, err := exec.LookPath("node")
@@ -76,7 +77,7 @@ func TestSDKNetwork(t *testing.T) {
 		}
 		srv := &testenv.Server{Bin: e.Bin, Work: work, DataDir: filepath.Join(work, "data"), RunDir: runDir,
 			TemplateDir: e.TemplateDir, LogPath: filepath.Join(work, "server.log"), Wrap: wrap,
-			Args: []string{"--builtins", "minimal", "--egress", "--egress-dns", "192.0.2.53"}}
+			Args: []string{"--builtins", "minimal", "--egress", "--egress-dns", "192.0.2.53", "--e2b-network", "open"}}
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -114,16 +113,6 @@ func (s scrape) sum(name string, labels map[string]string) float64 {
 	return total
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 type sandbox struct{ ID, Token, Data string }
 
 func TestMetricsDuringWorkload(t *testing.T) {
@@ -135,7 +124,7 @@ func TestMetricsDuringWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Remove()
-	metricsAddr := freePort(t)
+	metricsAddr := testenv.FreeAddr(t)
 	srv.Args = []string{"--builtins", "minimal", "--warm-templates", "minimal", "--warm-pool", "1",
 		"--metrics-listen", metricsAddr}
 	defer srv.RemoveCgroupBase() // after Stop: only empty groups go

@@ -86,7 +86,8 @@ func TestPauseResume(t *testing.T) {
 
 // Three snapshots with small changes in between store roughly only the
 // change; each restores exactly its state; forks are independent; a
-// snapshot with children cannot be deleted; GC reclaims unreferenced data.
+// snapshot with children is retained when deleted until they go; GC
+// reclaims unreferenced data.
 func TestSnapshotChainForkRetention(t *testing.T) {
 	e := need(t)
 	sb := e.create(t, nil)
@@ -177,22 +178,30 @@ func TestSnapshotChainForkRetention(t *testing.T) {
 		f.delete(t)
 	}
 
-	// Retention: a parent cannot go before its child; GC reclaims.
-	if st, m, _ := e.call("DELETE", "/v1/snapshots/"+s2, nil); st != 409 {
-		t.Fatalf("delete of a snapshot with a child: %d %v", st, m)
+	// Retention: a parent may go before its child; it is retained
+	// (hidden, its data kept) until the child goes; GC reclaims then.
+	_, g2 := e.op(t, "DELETE", "/v1/snapshots/"+s2, nil)
+	if st, _, _ := e.call("GET", "/v1/snapshots/"+s2, nil); st != 404 {
+		t.Fatalf("deleted snapshot with a child answers %d", st)
 	}
 	list := e.must(t, 200, "GET", "/v1/snapshots?sandbox_id="+sb.ID, nil)
-	if n := len(list["snapshots"].([]any)); n != 3 {
-		t.Fatalf("list: %d snapshots", n)
+	if n := len(list["snapshots"].([]any)); n != 2 {
+		t.Fatalf("list: %d snapshots, want 2", n)
+	}
+	if got := fork(s3, 1)[0]; got.tree(t) != tree3 {
+		t.Fatal("snapshot 3 broken by deleting its parent")
+	} else {
+		got.delete(t)
 	}
 	_, g3 := e.op(t, "DELETE", "/v1/snapshots/"+s3, nil)
-	_, g2 := e.op(t, "DELETE", "/v1/snapshots/"+s2, nil)
-	t.Logf("gc after deleting snapshot 3: %v; after 2: %v", g3["result"], g2["result"])
+	t.Logf("gc after deleting snapshot 2: %v; after 3 (and with it 2): %v", g2["result"], g3["result"])
 	if num(g3, "result", "chunks_removed") < 1 {
 		t.Fatalf("deleting snapshot 3 freed no chunk: %v", g3["result"])
 	}
-	if st, _, _ := e.call("GET", "/v1/snapshots/"+s3, nil); st != 404 {
-		t.Fatalf("deleted snapshot answers %d", st)
+	for _, id := range []string{s2, s3} {
+		if st, _, _ := e.call("GET", "/v1/snapshots/"+id, nil); st != 404 {
+			t.Fatalf("deleted snapshot answers %d", st)
+		}
 	}
 	if got := fork(s1, 1)[0]; got.tree(t) != tree1 {
 		t.Fatal("snapshot 1 broken by deleting its descendants")

@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"io"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -329,4 +331,16 @@ func (s *Server) DeleteSandboxes(key string) {
 	for _, op := range ops {
 		DoJSON("GET", s.Ctrl+"/v1/operations/"+op+"?wait=30s", hdr, nil)
 	}
+}
+
+// FreeAddr returns a loopback address nothing listens on (at the moment:
+// for a server that must know its port before it starts).
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

@@ -163,7 +163,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, projectID, id string) error 
 			return fmt.Errorf("delete snapshot: %w", err)
 		}
 		var n int
-		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM snapshots WHERE parent_id=$1 AND state IN ('creating','ready')`, id).Scan(&n); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM snapshots WHERE parent_id=$1 AND state IN ('creating','ready','retained')`, id).Scan(&n); err != nil {
 			return fmt.Errorf("delete snapshot: %w", err)
 		}
 		if n > 0 {

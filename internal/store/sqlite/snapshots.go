@@ -164,7 +164,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, projectID, id string) error 
 	}
 	defer tx.Rollback()
 	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE parent_id=? AND state IN ('creating','ready')`, id).Scan(&n); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE parent_id=? AND state IN ('creating','ready','retained')`, id).Scan(&n); err != nil {
 		return fmt.Errorf("delete snapshot: %w", err)
 	}
 	if n > 0 {

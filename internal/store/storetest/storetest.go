@@ -378,6 +378,12 @@ func testSnapshots(t *testing.T, s core.Store) {
 		t.Fatalf("delete with a creating child: %v", err)
 	}
 	s.UpdateSnapshot(ctx, "snap-3", func(sn *core.Snapshot) error { sn.State = core.SnapshotFailed; return nil })
+	// A retained child (deleted by its owner, its data kept for its own
+	// children) still needs its parent.
+	s.UpdateSnapshot(ctx, "snap-2", func(sn *core.Snapshot) error { sn.State = core.SnapshotRetained; return nil })
+	if err := s.DeleteSnapshot(ctx, "p1", "snap-1"); !errors.Is(err, core.ErrConflict) {
+		t.Fatalf("delete with a retained child: %v", err)
+	}
 	if err := s.DeleteSnapshot(ctx, "p2", "snap-2"); !errors.Is(err, core.ErrNotFound) {
 		t.Fatalf("delete from another project: %v", err)
 	}
