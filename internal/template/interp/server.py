@@ -98,6 +98,10 @@ class JupyterContext:
     set and restore environment variables in its language."""
 
     language = kernel_name = None
+    # Whether the kernel sends values as display_data, never as
+    # execute_result (IRkernel): then a run's last output, if it is a
+    # display, is its main result, as execute_result is for IPython.
+    display_values = False
 
     def __init__(self, ctx_id, cwd):
         self.id, self.cwd = ctx_id, cwd
@@ -178,6 +182,7 @@ class JupyterContext:
         last_alive = last_write
         interrupted_at = None
         errored = False
+        held = None  # display_values: the latest result, not yet sent
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=POLL_S)
@@ -221,10 +226,21 @@ class JupyterContext:
                     errored = True
                     ev = {"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""), "traceback": "\n".join(content.get("traceback", []))}
             elif kind == "status" and content.get("execution_state") == "idle":
+                if held is not None and interrupted_at is None:
+                    # The run's last output is a value (not a plot): its main result.
+                    held["is_main_result"] = not any(k in held for k in ("png", "jpeg", "svg"))
+                    emit(held)
                 return
-            if ev is not None and interrupted_at is None:
-                emit(ev)
-                last_write = time.monotonic()
+            if ev is None or interrupted_at is not None:
+                continue
+            if held is not None:
+                emit(held)
+                held = None
+            if self.display_values and kind == "display_data":
+                held = ev
+                continue
+            emit(ev)
+            last_write = time.monotonic()
 
     def _restart_locked(self):
         try:
@@ -271,11 +287,12 @@ class RContext(JupyterContext):
     """An IRkernel (Debian's r-cran-irkernel, kernelspec "ir")."""
 
     language, kernel_name = "r", "ir"
+    display_values = True
 
     def _set_env_code(self, env):
         names = sorted(env)
         return (
-            ".space_saved_env <- Sys.getenv(c(%s), unset = NA)\n"
+            ".space_saved_env <- Sys.getenv(c(%s), unset = NA, names = TRUE)\n"
             "do.call(Sys.setenv, as.list(setNames(c(%s), c(%s))))"
             % (", ".join(map(r_string, names)), ", ".join(r_string(env[k]) for k in names), ", ".join(map(r_string, names)))
         )
