@@ -136,6 +136,21 @@ func TestCodeRoute(t *testing.T) {
 			t.Errorf("saved plot: %v", err)
 		}
 	})
+	t.Run("python sdk", func(t *testing.T) {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			t.Skip("python3 not on PATH")
+		}
+		dir := filepath.Join(repoRoot(), "sdk", "python")
+		cmd := exec.CommandContext(ctx, py, "-m", "unittest", "-v", "tests.test_integration.CodeInterpreterTest")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH="+dir, "SPACE_URL="+e.Ctrl, "SPACE_API_KEY="+e.key,
+			"SPACE_TEST_CODE_TEMPLATE=code-interpreter-v1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "OK") || strings.Contains(string(out), "skipped") {
+			t.Fatalf("python SDK run_code: %v\n%s", err, out)
+		}
+	})
 	t.Run("round trips", func(t *testing.T) {
 		const n = 50
 		var code, cmd []time.Duration
