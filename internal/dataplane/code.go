@@ -172,14 +172,8 @@ func interpreterDialError(err error) error {
 // inside the sandbox, so any other answer is a bad gateway.
 func interpreterHTTPError(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxCodeErrorBytes))
-	var env struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	_ = json.Unmarshal(raw, &env)
-	msg, code := truncate(env.Error.Message, 512), env.Error.Code
+	code, msg := httpx.ErrorEnvelope(raw)
+	msg = truncate(msg, 512)
 	switch resp.StatusCode {
 	case http.StatusBadRequest:
 		if code == "unsupported_language" {

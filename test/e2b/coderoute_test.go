@@ -19,14 +19,7 @@ import (
 // (languages, state, rich results, errors, timeouts), `space sandbox
 // run-code`, and the round trips docs/PERFORMANCE.md quotes.
 func TestCodeRoute(t *testing.T) {
-	e := need(t)
-	if !e.interp {
-		t.Skip("set SPACE_TEST_BASE=1 (and SPACE_TEMPLATE_CACHE): code-interpreter-v1 is a Debian template")
-	}
-	if err := e.WaitTemplate(e.key, "code-interpreter-v1", 20*time.Minute); err != nil {
-		t.Fatalf("code-interpreter-v1: %v", err)
-	}
-	waitCurrentInterpreter(t, e, 20*time.Minute)
+	e := needInterp(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c := client.New(e.Ctrl, e.key)
