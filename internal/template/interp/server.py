@@ -307,18 +307,60 @@ class RContext(JupyterContext):
         )
 
 
-class JavaScriptContext:
-    """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
+class ProcessContext:
+    """A context that is one process of SPACE's own, for languages Debian
+    packages no Jupyter kernel for: subclasses start it (_start) and run a
+    cell (_run); what the cell's processes write goes to the execution
+    running at the time (_send)."""
 
-    language = "javascript"
+    language = None
 
     def __init__(self, ctx_id, cwd):
         self.id, self.cwd = ctx_id, cwd
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one execution at a time
         self.out_lock = threading.Lock()
-        self.emit = None  # the running execution's emit, for child output
+        self.emit = None  # the running execution's emit
         self.proc = None
         self._start()
+
+    def _send(self, name, text):
+        if not text:
+            return
+        with self.out_lock:
+            if self.emit is not None:
+                self.emit({"type": name, "text": text, "timestamp": now_iso()})
+
+    def _kill(self):
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self):
+        self._kill()
+
+    def restart(self):
+        with self.lock:
+            self._kill()
+            self._start()
+
+    def execute(self, code, env, emit, gone):
+        with self.lock:
+            with self.out_lock:
+                self.emit = emit
+            try:
+                self._run(code, env, emit, gone)
+            finally:
+                with self.out_lock:
+                    self.emit = None
+
+
+class JavaScriptContext(ProcessContext):
+    """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
+
+    language = "javascript"
 
     def _start(self):
         rfd, wfd = os.pipe()
@@ -353,41 +395,13 @@ class JavaScriptContext:
     def _forward(self, name, f):
         # Output of processes the cell started (fd 1/2), best effort.
         for chunk in iter(lambda: f.read1(65536), b""):
-            with self.out_lock:
-                if self.emit is not None:
-                    self.emit({"type": name, "text": chunk.decode("utf-8", "replace"), "timestamp": now_iso()})
+            self._send(name, chunk.decode("utf-8", "replace"))
 
     def _next(self, timeout):
         try:
             return self.events.get(timeout=timeout)
         except queue.Empty:
             return None
-
-    def _kill(self):
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
-    def close(self):
-        self._kill()
-
-    def restart(self):
-        with self.lock:
-            self._kill()
-            self._start()
-
-    def execute(self, code, env, emit, gone):
-        with self.lock:
-            with self.out_lock:
-                self.emit = emit
-            try:
-                self._run(code, env, emit, gone)
-            finally:
-                with self.out_lock:
-                    self.emit = None
 
     def _run(self, code, env, emit, gone):
         try:
@@ -463,7 +477,7 @@ def sh_quote(s):
     return "'" + s.replace("'", "'\\''") + "'"
 
 
-class BashContext:
+class BashContext(ProcessContext):
     """A bash process of SPACE's own (Debian packages no bash kernel): state
     (variables, functions, cwd) persists from one cell to the next; a cell
     that exits non-zero is an error named ExitCode; an interrupt ends the
@@ -472,11 +486,8 @@ class BashContext:
     language = "bash"
 
     def __init__(self, ctx_id, cwd):
-        self.id, self.cwd = ctx_id, cwd
-        self.lock = threading.Lock()
         self.mark = ("\0" + uuid.uuid4().hex + "\n").encode()
-        self.proc = None
-        self._start()
+        super().__init__(ctx_id, cwd)
 
     def _start(self):
         rfd, wfd = os.pipe()
@@ -489,8 +500,6 @@ class BashContext:
         finally:
             os.close(wfd)
         self.events = queue.Queue()
-        self.emit = None
-        self.out_lock = threading.Lock()
         threading.Thread(target=self._read_status, args=(os.fdopen(rfd, "rb"), self.events), daemon=True).start()
         for name, f in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
             threading.Thread(target=self._forward, args=(name, f, self.events), daemon=True).start()
@@ -521,39 +530,6 @@ class BashContext:
             else:
                 pending = b""
             self._send(name, dec.decode(data))
-
-    def _send(self, name, text):
-        if not text:
-            return
-        with self.out_lock:
-            if self.emit is not None:
-                self.emit({"type": name, "text": text, "timestamp": now_iso()})
-
-    def _kill(self):
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
-    def close(self):
-        self._kill()
-
-    def restart(self):
-        with self.lock:
-            self._kill()
-            self._start()
-
-    def execute(self, code, env, emit, gone):
-        with self.lock:
-            with self.out_lock:
-                self.emit = emit
-            try:
-                self._run(code, env, emit, gone)
-            finally:
-                with self.out_lock:
-                    self.emit = None
 
     def _died(self, emit, interrupted):
         if not interrupted:
