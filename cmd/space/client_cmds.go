@@ -325,6 +325,10 @@ verbs:
   get    ID
   exec   [--shell CMD] [--env K=V]... [--cwd DIR] [--user U] [-t|--tty] [-i|--stdin] [--timeout D] ID [--] CMD ARGS...
          (-it ID -- sh: an interactive shell; exits with the command's exit code)
+  run-code [--language python|javascript|r|bash] [--context CTX] [--env K=V]... [--timeout D]
+         [--save-images DIR] ID [CODE | -]   run code in a code-interpreter-v1 sandbox's stateful
+                                            interpreter (no CODE or -: from stdin); results on stdout,
+                                            exit status 1 when the code raised
   logs   ID [--command CID | --all]      a command's output (default: the newest), followed until it exits
   cp     [--user U] SRC DST             copy files or directories in or out, like docker cp:
          LOCAL ID:PATH | ID:PATH LOCAL      into an existing directory, under the source's name
@@ -356,6 +360,8 @@ func runSandbox(args []string) error {
 		return sandboxGet(args[1:])
 	case "exec":
 		return sandboxExec(args[1:])
+	case "run-code":
+		return sandboxRunCode(args[1:])
 	case "rm", "delete":
 		return sandboxRemove(args[1:])
 	case "pause", "resume", "hibernate":

@@ -30,6 +30,7 @@ var completionTable = map[string]completionVerb{
 	"sandbox list":      {client: true, flags: []string{"--state", "--metadata", "--limit", "--all-projects"}},
 	"sandbox get":       {client: true, ids: "sandboxes"},
 	"sandbox exec":      {client: true, ids: "sandboxes", flags: []string{"--shell", "--env", "--cwd", "--user", "--tty", "-t", "--stdin", "-i", "--timeout", "--tag"}},
+	"sandbox run-code":  {client: true, ids: "sandboxes", flags: []string{"--language", "--context", "--env", "--timeout", "--save-images"}},
 	"sandbox logs":      {client: true, ids: "sandboxes", flags: []string{"--command", "--all", "--after"}},
 	"sandbox cp":        {client: true, ids: "sandboxes", flags: []string{"--mode", "--user", "--progress"}},
 	"sandbox timeout":   {client: true, ids: "sandboxes"},

@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/space-sandbox/space/internal/httpx"
 )
 
 // Client is a plain net/http client of the control API and the data plane,
@@ -118,14 +120,8 @@ func (c *Client) do(ctx context.Context, method, u, auth string, body any, want 
 		return fmt.Errorf("%s %s: read answer: %w", method, u, err)
 	}
 	if resp.StatusCode != want {
-		var env struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &env)
-		return fmt.Errorf("%s %s: %w", method, u, &APIError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message})
+		code, msg := httpx.ErrorEnvelope(raw)
+		return fmt.Errorf("%s %s: %w", method, u, &APIError{Status: resp.StatusCode, Code: code, Message: msg})
 	}
 	if out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {

@@ -92,6 +92,7 @@ var routes = []route{
 	{"POST", "/v1/sandboxes/{id}/files/mkdir", (*Server).mkdir},
 	{"POST", "/v1/sandboxes/{id}/files/move", (*Server).move},
 	{"GET", "/v1/sandboxes/{id}/ports", (*Server).listPorts},
+	{"POST", "/v1/sandboxes/{id}/code", (*Server).runCode},
 }
 
 // Routes returns "METHOD pattern" for every authenticated route.

@@ -28,6 +28,22 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
+// ErrorEnvelope reads the code and message of an error answer's body, the
+// envelope WriteError writes; both are "" when raw is not one (a proxy's
+// page, say).
+func ErrorEnvelope(raw []byte) (code, message string) {
+	var env struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(raw, &env) != nil {
+		return "", ""
+	}
+	return env.Error.Code, env.Error.Message
+}
+
 // Errorf builds an *Error.
 func Errorf(status int, code, format string, args ...any) *Error {
 	return &Error{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}

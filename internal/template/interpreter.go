@@ -31,6 +31,8 @@ const interpDir = "opt/space/interpreter"
 var interpreterPackages = []string{
 	"python3", "ca-certificates", "python3-ipykernel", "python3-jupyter-client",
 	"python3-numpy", "python3-pandas", "python3-matplotlib", "nodejs",
+	// R's Jupyter kernel; Debian installs its kernelspec ("ir").
+	"r-base-core", "r-cran-irkernel",
 }
 
 // File is a file a Debian template gets on top of its packages (owned by

@@ -213,6 +213,9 @@ func TestConsole(t *testing.T) {
 	b.waitFor(t, "the editor", `document.querySelector("#editor-text") && document.querySelector("#editor-text").value === `+jsString(content), 10*time.Second)
 	b.screenshot(t, filepath.Join(shots, "files.png"))
 
+	// Code: the code tab against a stand-in interpreter (code_test.go).
+	checkCode(t, b, srv, key, id, shots)
+
 	// A pause made through the API arrives on the open page, no reload.
 	b.eval(`window.__sameDocument = true`, nil)
 	if st, m, err := testenv.DoJSON("POST", srv.Ctrl+"/v1/sandboxes/"+id+"/pause", auth, nil); err != nil || st != 202 {

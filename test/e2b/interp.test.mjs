@@ -148,9 +148,42 @@ describe('@e2b/code-interpreter against SPACE', () => {
     await sbx.removeCodeContext(ctx)
   })
 
+  test('R in an R context: state, output, data frames, errors, env vars', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'r', cwd: '/tmp' })
+    assert.equal(ctx.language, 'r')
+    const a = await sbx.runCode('r1 <- 21; r1 * 2', { context: ctx })
+    assert.equal(a.text, '[1] 42', JSON.stringify(a))
+    const out = []
+    const b = await sbx.runCode('cat("from R\\n"); getwd()', { context: ctx, onStdout: (m) => out.push(m.line) })
+    assert.deepEqual(out, ['from R\n'])
+    assert.equal(b.text, '[1] "/tmp"')
+    const df = await sbx.runCode('data.frame(a = 1:2, b = c("x", "y"))', { context: ctx })
+    assert.equal(df.error, undefined, JSON.stringify(df.error))
+    assert.match(df.results[0].html, /<table[\s\S]*<td>x<\/td>/)
+    const e = await sbx.runCode('stop("boom")', { context: ctx })
+    assert.match(e.error?.value ?? '', /boom/, JSON.stringify(e))
+    const env = await sbx.runCode('Sys.getenv("PER_RUN")', { context: ctx, envs: { PER_RUN: "r's env" } })
+    assert.equal(env.text, '[1] "r\'s env"')
+    assert.equal((await sbx.runCode('Sys.getenv("PER_RUN")', { context: ctx })).text, '[1] ""')
+    // language 'r' without a context: the default R context, not ctx.
+    assert.equal((await sbx.runCode('exists("r1")', { language: 'r' })).text, '[1] FALSE')
+    await sbx.removeCodeContext(ctx)
+  })
+
+  test('bash contexts keep variables and cwd; a failing cell is an error', async () => {
+    const out = []
+    const a = await sbx.runCode('B=5; cd /tmp; echo "b=$B"', { language: 'bash', onStdout: (m) => out.push(m.line) })
+    assert.equal(a.error, undefined)
+    assert.deepEqual(out, ['b=5\n'])
+    const b = await sbx.runCode('echo "$B $PWD $PER_RUN"; false', { language: 'bash', envs: { PER_RUN: 'e' } })
+    assert.deepEqual(b.logs.stdout, ['5 /tmp e\n'])
+    assert.equal(b.error?.name, 'ExitCode')
+    assert.equal(b.error?.value, '1')
+  })
+
   test('unsupported languages are refused, not run as Python', async () => {
-    await assert.rejects(sbx.runCode('print(1)', { language: 'r' }), /400/)
-    await assert.rejects(sbx.createCodeContext({ language: 'bash' }), /400/)
+    await assert.rejects(sbx.runCode('print(1)', { language: 'cobol' }), /400/)
+    await assert.rejects(sbx.createCodeContext({ language: 'fortran' }), /400/)
   })
 
   test('a timeout interrupts the kernel and the context stays usable', async () => {

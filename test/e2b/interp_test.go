@@ -16,6 +16,14 @@ import (
 // template (stateful Python and JavaScript contexts, rich results, env
 // vars, timeouts that interrupt, private sandboxes).
 func TestCodeInterpreter(t *testing.T) {
+	e := needInterp(t)
+	runScript(t, e, "@e2b/code-interpreter", "interp.test.mjs", 5*time.Minute)
+}
+
+// needInterp is the server once code-interpreter-v1 holds this checkout's
+// interpreter server; it skips where the suite does not build the template.
+func needInterp(t *testing.T) *env {
+	t.Helper()
 	e := need(t)
 	if !e.interp {
 		t.Skip("set SPACE_TEST_BASE=1 (and SPACE_TEMPLATE_CACHE): code-interpreter-v1 is a Debian template")
@@ -25,7 +33,7 @@ func TestCodeInterpreter(t *testing.T) {
 		t.Fatalf("code-interpreter-v1: %v", err)
 	}
 	waitCurrentInterpreter(t, e, 20*time.Minute)
-	runScript(t, e, "@e2b/code-interpreter", "interp.test.mjs", 5*time.Minute)
+	return e
 }
 
 // waitCurrentInterpreter waits until code-interpreter-v1 holds this

@@ -672,6 +672,7 @@ func routeCases() map[string]func(*testing.T, *world) {
 		"POST /v1/sandboxes/{id}/files/mkdir":                map[string]any{"path": "/tmp/x"},
 		"POST /v1/sandboxes/{id}/files/move":                 map[string]any{"from": "/owner", "to": "/tmp/y"},
 		"POST /v1/sandboxes/{id}/commands/{cid}/stdin/close": nil,
+		"POST /v1/sandboxes/{id}/code":                       map[string]any{"code": "1", "language": "bash"},
 	}
 	for _, r := range dataplane.Routes() {
 		method, pattern, _ := strings.Cut(r, " ")

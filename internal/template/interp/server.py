@@ -15,6 +15,7 @@ are used. Who may reach this port is decided by SPACE's port forwarding
 server.
 """
 
+import codecs
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ START_TIMEOUT_S = 60.0
 # After an interrupt, how long the context may take to become idle again
 # before it is restarted.
 INTERRUPT_GRACE_S = 10.0
+MARK_WAIT_S = 1.0
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 log = logging.getLogger("space-interpreter")
@@ -90,10 +92,16 @@ def result_event(data, main):
     return ev
 
 
-class PythonContext:
-    """An IPython kernel, driven through jupyter_client's blocking client."""
+class JupyterContext:
+    """A Jupyter kernel, driven through jupyter_client's blocking client
+    (no Jupyter server in between). Subclasses name the kernel and how to
+    set and restore environment variables in its language."""
 
-    language = "python"
+    language = kernel_name = None
+    # Whether the kernel sends values as display_data, never as
+    # execute_result (IRkernel): then a run's last output, if it is a
+    # display, is its main result, as execute_result is for IPython.
+    display_values = False
 
     def __init__(self, ctx_id, cwd):
         self.id, self.cwd = ctx_id, cwd
@@ -101,17 +109,14 @@ class PythonContext:
         self.km = self.kc = None
         self._start()
 
+    def _kernel_args(self):
+        return []
+
     def _start(self):
         from jupyter_client import KernelManager
 
-        km = KernelManager(kernel_name="python3")
-        km.start_kernel(
-            cwd=self.cwd,
-            extra_arguments=[
-                "--IPKernelApp.exec_files=" + os.path.join(HERE, "kernel_init.py"),
-                "--InteractiveShell.colors=NoColor",
-            ],
-        )
+        km = KernelManager(kernel_name=self.kernel_name)
+        km.start_kernel(cwd=self.cwd, extra_arguments=self._kernel_args())
         kc = km.client()
         kc.start_channels()
         try:
@@ -121,6 +126,12 @@ class PythonContext:
             km.shutdown_kernel(now=True)
             raise
         self.km, self.kc = km, kc
+
+    def _set_env_code(self, env):
+        raise NotImplementedError
+
+    def _restore_env_code(self):
+        raise NotImplementedError
 
     def close(self):
         try:
@@ -157,21 +168,12 @@ class PythonContext:
     def execute(self, code, env, emit, gone):
         with self.lock:
             if env:
-                keys = json.dumps(sorted(env))
-                self._quiet(
-                    "__import__('os').__space_saved_env = {k: __import__('os').environ.get(k) for k in %s}\n"
-                    "__import__('os').environ.update(%s)" % (keys, json.dumps(env))
-                )
+                self._quiet(self._set_env_code(env))
             try:
                 self._run(code, emit, gone)
             finally:
                 if env and self.km.is_alive():
-                    self._quiet(
-                        "for __k, __v in __import__('os').__space_saved_env.items():\n"
-                        "    (__import__('os').environ.pop(__k, None) if __v is None else __import__('os').environ.__setitem__(__k, __v))\n"
-                        "del __k, __v\n"
-                        "del __import__('os').__space_saved_env"
-                    )
+                    self._quiet(self._restore_env_code())
                 self._drain_shell()
 
     def _run(self, code, emit, gone):
@@ -180,6 +182,7 @@ class PythonContext:
         last_alive = last_write
         interrupted_at = None
         errored = False
+        held = None  # display_values: the latest result, not yet sent
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=POLL_S)
@@ -223,10 +226,21 @@ class PythonContext:
                     errored = True
                     ev = {"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""), "traceback": "\n".join(content.get("traceback", []))}
             elif kind == "status" and content.get("execution_state") == "idle":
+                if held is not None and interrupted_at is None:
+                    # The run's last output is a value (not a plot): its main result.
+                    held["is_main_result"] = not any(k in held for k in ("png", "jpeg", "svg"))
+                    emit(held)
                 return
-            if ev is not None and interrupted_at is None:
-                emit(ev)
-                last_write = time.monotonic()
+            if ev is None or interrupted_at is not None:
+                continue
+            if held is not None:
+                emit(held)
+                held = None
+            if self.display_values and kind == "display_data":
+                held = ev
+                continue
+            emit(ev)
+            last_write = time.monotonic()
 
     def _restart_locked(self):
         try:
@@ -236,18 +250,117 @@ class PythonContext:
         self._start()
 
 
-class JavaScriptContext:
-    """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
+class PythonContext(JupyterContext):
+    """An IPython kernel (Debian's python3-ipykernel)."""
 
-    language = "javascript"
+    language, kernel_name = "python", "python3"
+
+    def _kernel_args(self):
+        return [
+            "--IPKernelApp.exec_files=" + os.path.join(HERE, "kernel_init.py"),
+            "--InteractiveShell.colors=NoColor",
+        ]
+
+    def _set_env_code(self, env):
+        return (
+            "__import__('os').__space_saved_env = {k: __import__('os').environ.get(k) for k in %s}\n"
+            "__import__('os').environ.update(%s)" % (json.dumps(sorted(env)), json.dumps(env))
+        )
+
+    def _restore_env_code(self):
+        return (
+            "for __k, __v in __import__('os').__space_saved_env.items():\n"
+            "    (__import__('os').environ.pop(__k, None) if __v is None else __import__('os').environ.__setitem__(__k, __v))\n"
+            "del __k, __v\n"
+            "del __import__('os').__space_saved_env"
+        )
+
+
+def r_string(s):
+    """An R string literal. JSON's escapes are R's too; other characters
+    stay literal (R rejects the surrogate pairs JSON writes for astral
+    ones)."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+class RContext(JupyterContext):
+    """An IRkernel (Debian's r-cran-irkernel, kernelspec "ir")."""
+
+    language, kernel_name = "r", "ir"
+    display_values = True
+
+    def _set_env_code(self, env):
+        names = sorted(env)
+        return (
+            ".space_saved_env <- Sys.getenv(c(%s), unset = NA, names = TRUE)\n"
+            "do.call(Sys.setenv, as.list(setNames(c(%s), c(%s))))"
+            % (", ".join(map(r_string, names)), ", ".join(r_string(env[k]) for k in names), ", ".join(map(r_string, names)))
+        )
+
+    def _restore_env_code(self):
+        return (
+            "for (.space_k in names(.space_saved_env)) {\n"
+            "  if (is.na(.space_saved_env[[.space_k]])) Sys.unsetenv(.space_k)\n"
+            "  else do.call(Sys.setenv, setNames(list(.space_saved_env[[.space_k]]), .space_k))\n"
+            "}\n"
+            "rm(.space_saved_env, .space_k)"
+        )
+
+
+class ProcessContext:
+    """A context that is one process of SPACE's own, for languages Debian
+    packages no Jupyter kernel for: subclasses start it (_start) and run a
+    cell (_run); what the cell's processes write goes to the execution
+    running at the time (_send)."""
+
+    language = None
 
     def __init__(self, ctx_id, cwd):
         self.id, self.cwd = ctx_id, cwd
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one execution at a time
         self.out_lock = threading.Lock()
-        self.emit = None  # the running execution's emit, for child output
+        self.emit = None  # the running execution's emit
         self.proc = None
         self._start()
+
+    def _send(self, name, text):
+        if not text:
+            return
+        with self.out_lock:
+            if self.emit is not None:
+                self.emit({"type": name, "text": text, "timestamp": now_iso()})
+
+    def _kill(self):
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def close(self):
+        self._kill()
+
+    def restart(self):
+        with self.lock:
+            self._kill()
+            self._start()
+
+    def execute(self, code, env, emit, gone):
+        with self.lock:
+            with self.out_lock:
+                self.emit = emit
+            try:
+                self._run(code, env, emit, gone)
+            finally:
+                with self.out_lock:
+                    self.emit = None
+
+
+class JavaScriptContext(ProcessContext):
+    """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
+
+    language = "javascript"
 
     def _start(self):
         rfd, wfd = os.pipe()
@@ -282,41 +395,13 @@ class JavaScriptContext:
     def _forward(self, name, f):
         # Output of processes the cell started (fd 1/2), best effort.
         for chunk in iter(lambda: f.read1(65536), b""):
-            with self.out_lock:
-                if self.emit is not None:
-                    self.emit({"type": name, "text": chunk.decode("utf-8", "replace"), "timestamp": now_iso()})
+            self._send(name, chunk.decode("utf-8", "replace"))
 
     def _next(self, timeout):
         try:
             return self.events.get(timeout=timeout)
         except queue.Empty:
             return None
-
-    def _kill(self):
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
-    def close(self):
-        self._kill()
-
-    def restart(self):
-        with self.lock:
-            self._kill()
-            self._start()
-
-    def execute(self, code, env, emit, gone):
-        with self.lock:
-            with self.out_lock:
-                self.emit = emit
-            try:
-                self._run(code, env, emit, gone)
-            finally:
-                with self.out_lock:
-                    self.emit = None
 
     def _run(self, code, env, emit, gone):
         try:
@@ -359,9 +444,150 @@ class JavaScriptContext:
                 last_write = t
 
 
+# The loop a bash context runs: each request is two lines (the cell, then
+# assignments of its env vars) with backslash and newline escaped for
+# printf %b, so no process is forked per request; answered by the cell's exit
+# status on fd SPACE_INTERP_FD after an end mark on stdout and stderr. The
+# cell runs in a function, so an interrupt's trap can end it with `return`
+# and the shell (with its variables and cwd) survives; it reads /dev/null,
+# never the request pipe.
+BASH_LOOP = r"""
+exec {__space_fd}>&"$SPACE_INTERP_FD"
+unset SPACE_INTERP_FD
+__space_run() { eval "$__space_code"; }
+trap 'return 130 2>/dev/null' INT
+while IFS= read -r __space_line && IFS= read -r __space_env; do
+  printf -v __space_code %b "$__space_line"
+  printf -v __space_env %b "$__space_env"
+  eval "$__space_env __space_run" </dev/null
+  __space_rc=$?
+  printf '\0%s\n' "$SPACE_INTERP_MARK"
+  printf '\0%s\n' "$SPACE_INTERP_MARK" >&2
+  printf '%s\n' "$__space_rc" >&"$__space_fd"
+done
+"""
+
+
+def bash_line(s):
+    """One line that printf %b turns back into s."""
+    return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def sh_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+class BashContext(ProcessContext):
+    """A bash process of SPACE's own (Debian packages no bash kernel): state
+    (variables, functions, cwd) persists from one cell to the next; a cell
+    that exits non-zero is an error named ExitCode; an interrupt ends the
+    running cell with SIGINT to its process group."""
+
+    language = "bash"
+
+    def __init__(self, ctx_id, cwd):
+        self.mark = ("\0" + uuid.uuid4().hex + "\n").encode()
+        super().__init__(ctx_id, cwd)
+
+    def _start(self):
+        rfd, wfd = os.pipe()
+        env = dict(os.environ, SPACE_INTERP_FD=str(wfd), SPACE_INTERP_MARK=self.mark[1:-1].decode())
+        try:
+            self.proc = subprocess.Popen(
+                ["bash", "--noprofile", "--norc", "-c", BASH_LOOP], cwd=self.cwd, env=env, pass_fds=(wfd,),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        finally:
+            os.close(wfd)
+        self.events = queue.Queue()
+        threading.Thread(target=self._read_status, args=(os.fdopen(rfd, "rb"), self.events), daemon=True).start()
+        for name, f in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            threading.Thread(target=self._forward, args=(name, f, self.events), daemon=True).start()
+
+    @staticmethod
+    def _read_status(f, q):
+        with f:
+            for line in f:
+                q.put(("status", line.strip().decode("ascii", "replace")))
+        q.put(("dead", None))
+
+    def _forward(self, name, f, q):
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = b""
+        for chunk in iter(lambda: f.read1(65536), b""):
+            data = pending + chunk
+            while True:
+                i = data.find(self.mark)
+                if i < 0:
+                    break
+                self._send(name, dec.decode(data[:i], final=True))
+                q.put(("mark", name))
+                data = data[i + len(self.mark):]
+            # Keep a tail that may be the start of a mark.
+            j = data.rfind(b"\0")
+            if j >= 0 and self.mark.startswith(data[j:]):
+                data, pending = data[:j], data[j:]
+            else:
+                pending = b""
+            self._send(name, dec.decode(data))
+
+    def _died(self, emit, interrupted):
+        if not interrupted:
+            emit({"type": "error", "name": "DeadKernelError", "value": "the bash context exited; it was restarted and its state is lost", "traceback": ""})
+        self._kill()
+        self._start()
+
+    def _run(self, code, env, emit, gone):
+        assigns = " ".join("%s=%s" % (k, sh_quote(v)) for k, v in sorted(env.items()))
+        req = (bash_line(code) + "\n" + bash_line(assigns) + "\n").encode()
+        try:
+            self.proc.stdin.write(req)
+            self.proc.stdin.flush()
+        except OSError:
+            self._died(emit, False)
+            return
+        last_write = time.monotonic()
+        interrupted_at = None
+        status, status_at, marks = None, None, set()
+        # The end marks follow the status unless the cell redirected the
+        # shell's own stdout or stderr (exec >file): then wait briefly.
+        while status is None or (len(marks) < 2 and time.monotonic() - status_at < MARK_WAIT_S):
+            try:
+                kind, val = self.events.get(timeout=POLL_S)
+            except queue.Empty:
+                t = time.monotonic()
+                if self.proc.poll() is not None and status is None:
+                    self._died(emit, interrupted_at is not None)
+                    return
+                if interrupted_at is None and gone():
+                    log.info("client went away: interrupting context %s", self.id)
+                    try:
+                        os.killpg(self.proc.pid, signal.SIGINT)
+                    except ProcessLookupError:
+                        pass
+                    interrupted_at = t
+                if interrupted_at is not None and t - interrupted_at > INTERRUPT_GRACE_S:
+                    self._died(emit, True)
+                    return
+                if interrupted_at is None and t - last_write >= KEEPALIVE_S:
+                    emit({"type": "keepalive"})
+                    last_write = t
+                continue
+            if kind == "dead":
+                self._died(emit, interrupted_at is not None)
+                return
+            if kind == "mark":
+                marks.add(val)
+            elif kind == "status":
+                status, status_at = val, time.monotonic()
+        if status != "0" and interrupted_at is None:
+            emit({"type": "error", "name": "ExitCode", "value": status, "traceback": ""})
+
+
 LANGUAGES = {
     "python": PythonContext, "python3": PythonContext, "py": PythonContext,
     "javascript": JavaScriptContext, "js": JavaScriptContext, "node": JavaScriptContext,
+    "r": RContext, "bash": BashContext, "sh": BashContext, "shell": BashContext,
 }
 
 
@@ -374,7 +600,7 @@ def normalize_language(lang):
     cls = LANGUAGES.get(name)
     if cls is None:
         raise HTTPError(400, "unsupported_language",
-                        "language %r is not supported by SPACE's code interpreter (supported: python, javascript)" % lang[:64])
+                        "language %r is not supported by SPACE's code interpreter (supported: python, javascript, r, bash)" % lang[:64])
     return cls.language
 
 

@@ -13,7 +13,7 @@ from .errors import (AgentError, APIError, Conflict, ConnectionFailed, DeadlineE
                      InternalError, InvalidArgument, NotFound, OperationFailed, ResourceExhausted, SandboxPaused,
                      SpaceError, StreamError, Timeout, TokenExpired, TooLarge, Unauthorized, Unavailable,
                      UnsupportedMediaType)
-from .models import (CommandInfo, CommandResult, FileInfo, Operation, OutputEvent, Port, SandboxInfo, Session,
+from .models import (CodeError, CodeResult, CommandInfo, CommandResult, Execution, FileInfo, Operation, OutputEvent, Port, SandboxInfo, Session,
                      SignedURL, Snapshot, Template)
 
 __version__ = "0.1.0"
@@ -23,6 +23,6 @@ __all__ = [
     "SpaceError", "APIError", "InvalidArgument", "Unauthorized", "TokenExpired", "Forbidden", "NotFound",
     "Conflict", "SandboxPaused", "Gone", "TooLarge", "UnsupportedMediaType", "ResourceExhausted", "InternalError",
     "AgentError", "Unavailable", "DeadlineExceeded", "ConnectionFailed", "StreamError", "OperationFailed", "Timeout",
-    "CommandInfo", "CommandResult", "FileInfo", "Operation", "OutputEvent", "Port", "SandboxInfo", "Session",
+    "CodeError", "CodeResult", "Execution", "CommandInfo", "CommandResult", "FileInfo", "Operation", "OutputEvent", "Port", "SandboxInfo", "Session",
     "SignedURL", "Snapshot", "Template",
 ]

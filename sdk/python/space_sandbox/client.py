@@ -17,8 +17,8 @@ import uuid
 
 from . import errors, sse
 from ._http import NETWORK_ERRORS, USER_AGENT, Response, Transport
-from .models import (CommandInfo, CommandResult, FileInfo, Operation, OutputEvent, Port, SandboxInfo,
-                     Session, SignedURL, Snapshot, Template)
+from .models import (CodeError, CodeResult, CommandInfo, CommandResult, Execution, FileInfo, Operation,
+                     OutputEvent, Port, SandboxInfo, Session, SignedURL, Snapshot, Template)
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 
@@ -397,6 +397,58 @@ class Sandbox:
         if check and not res.ok:
             raise CommandError(res)
         return res
+
+    def run_code(self, code, *, language=None, context_id=None, env_vars=None, timeout=None,
+                 on_stdout=None, on_stderr=None, on_result=None, on_error=None):
+        """Run code in the sandbox's code interpreter (template code-interpreter-v1) and return
+        an Execution once it has finished.
+
+        Contexts keep their state from one run to the next. language picks that language's
+        default context (python when None; javascript, r, bash); context_id a context made with
+        the E2B SDK's create_code_context. env_vars apply to this run only. timeout: seconds
+        until the run is interrupted (default 300); it then ends with an error named
+        TimeoutError. The callbacks get stdout/stderr text, each CodeResult and the CodeError
+        as they arrive. An error the code raised is Execution.error, not an exception."""
+        body = {"code": code}
+        if language:
+            body["language"] = language
+        if context_id:
+            body["context_id"] = context_id
+        if env_vars:
+            body["env_vars"] = dict(env_vars)
+        if timeout:
+            body["timeout_ms"] = max(1, int(timeout * 1000))
+        ex = Execution()
+        # The server sends a comment every 15 s while the code is quiet, so a
+        # read timeout of a minute only fires on a dead connection.
+        resp = self._dp_request("POST", "/code", json_body=body, headers={"Accept": "text/event-stream"},
+                                timeout=60.0, retry=False)
+        try:
+            for e in sse.parse(iter(resp.readline, b"")):
+                data = json.loads(e.data) if e.data else {}
+                if e.type == "number_of_executions":
+                    ex.execution_count = data.get("execution_count")
+                elif e.type in ("stdout", "stderr"):
+                    (ex.stdout if e.type == "stdout" else ex.stderr).append(data.get("text", ""))
+                    cb = on_stdout if e.type == "stdout" else on_stderr
+                    if cb:
+                        cb(data.get("text", ""))
+                elif e.type == "result":
+                    r = CodeResult(data)
+                    r.pop("type", None)
+                    ex.results.append(r)
+                    if on_result:
+                        on_result(r)
+                elif e.type == "error":
+                    data.pop("type", None)
+                    ex.error = CodeError(data)
+                    if on_error:
+                        on_error(ex.error)
+                elif e.type == "end_of_execution":
+                    return ex
+        finally:
+            resp.close()
+        raise errors.StreamError("run_code: the stream ended before end_of_execution")
 
     def command(self, command_id):
         """The handle of an earlier command (e.g. to resume its output)."""

@@ -101,3 +101,36 @@ class OutputEvent:
 
     def __repr__(self):
         return f"OutputEvent(seq={self.seq}, type={self.type!r}, data={self.data!r:.60})"
+
+
+class CodeResult(Record):
+    """A rich result of run_code: is_main_result and one field per format it came in (text,
+    html, markdown, svg, png, jpeg, pdf (base64), latex, json, javascript, data, chart, extra)."""
+
+    def formats(self):
+        return [k for k in self if k not in ("type", "is_main_result", "extra")] + list(self.get("extra") or {})
+
+
+class CodeError(Record):
+    """The error a run_code raised: name (ZeroDivisionError, ..., TimeoutError), value, traceback."""
+
+
+class Execution:
+    """What run_code produced: results (CodeResult list), stdout and stderr (lists of str, in
+    order), error (CodeError or None), execution_count; text is the main result's text."""
+
+    __slots__ = ("results", "stdout", "stderr", "error", "execution_count")
+
+    def __init__(self):
+        self.results, self.stdout, self.stderr, self.error, self.execution_count = [], [], [], None, None
+
+    @property
+    def text(self):
+        for r in self.results:
+            if r.get("is_main_result"):
+                return r.get("text")
+        return None
+
+    def __repr__(self):
+        return (f"Execution(text={self.text!r}, results={len(self.results)}, stdout={self.stdout!r:.60}, "
+                f"error={self.error!r:.80})")

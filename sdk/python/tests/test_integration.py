@@ -461,3 +461,28 @@ class _CuttingProxy:
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(URL and KEY and os.environ.get("SPACE_TEST_CODE_TEMPLATE"),
+                     "set SPACE_TEST_CODE_TEMPLATE (code-interpreter-v1) to run code (test/e2b TestCodeRoute does)")
+class CodeInterpreterTest(unittest.TestCase):
+    def test_run_code(self):
+        client = space.Client(URL, KEY)
+        with client.create_sandbox(os.environ["SPACE_TEST_CODE_TEMPLATE"]) as sb:
+            out = []
+            ex = sb.run_code("import sys\nx = 20\nprint('py out'); print('e', file=sys.stderr)\nx * 2", on_stdout=out.append)
+            self.assertEqual((ex.text, ex.stdout, ex.stderr, out), ("40", ["py out\n"], ["e\n"], ["py out\n"]))
+            self.assertEqual(sb.run_code("x + 1").text, "21")
+            df = sb.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+            self.assertIn("<table", df.results[0].html)
+            self.assertEqual(df.results[0].data, {"a": [1, 2]})
+            plot = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+            self.assertTrue(plot.results[0].png)
+            err = sb.run_code("1/0")
+            self.assertEqual(err.error.name, "ZeroDivisionError")
+            self.assertEqual(sb.run_code("21 * 2", language="r").text, "[1] 42")
+            self.assertEqual(sb.run_code("echo $((6 * 7))", language="bash").stdout, ["42\n"])
+            t = sb.run_code("import time\ntime.sleep(30)", timeout=1)
+            self.assertEqual(t.error.name, "TimeoutError")
+            with self.assertRaises(space.InvalidArgument):
+                sb.run_code("1", language="cobol")

@@ -77,3 +77,55 @@ class PortURLTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RunCodeTest(unittest.TestCase):
+    """run_code against a fake of the data plane's POST /v1/sandboxes/{id}/code."""
+
+    def test_run_code(self):
+        import http.server
+        import json
+        import threading
+
+        seen = {}
+        events = [
+            ("number_of_executions", {"type": "number_of_executions", "execution_count": 2}),
+            ("stdout", {"type": "stdout", "text": "hi\n", "timestamp": "t"}),
+            ("result", {"type": "result", "is_main_result": False, "png": "iVBO"}),
+            ("result", {"type": "result", "is_main_result": True, "text": "2", "html": "<b>2</b>"}),
+            ("error", {"type": "error", "name": "ZeroDivisionError", "value": "division by zero", "traceback": "tb"}),
+            ("end_of_execution", {"type": "end_of_execution"}),
+        ]
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                seen["path"] = self.path
+                seen["auth"] = self.headers.get("Authorization")
+                seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b": keepalive\n\n")
+                for name, ev in events[:-1 if seen["body"]["code"] == "cut" else None]:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(ev)}\n\n".encode())
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        sb = space.Sandbox(space.Client(url, "k"), {"id": "sbx-1"}, {"token": "tok", "data_url": url})
+        out = []
+        ex = sb.run_code("1+1", language="r", env_vars={"A": "b"}, timeout=2.5, on_stdout=out.append)
+        self.assertEqual(seen["path"], "/v1/sandboxes/sbx-1/code")
+        self.assertEqual(seen["auth"], "Bearer tok")
+        self.assertEqual(seen["body"], {"code": "1+1", "language": "r", "env_vars": {"A": "b"}, "timeout_ms": 2500})
+        self.assertEqual((ex.text, ex.execution_count, ex.stdout, out), ("2", 2, ["hi\n"], ["hi\n"]))
+        self.assertEqual(ex.results[0].png, "iVBO")
+        self.assertEqual(ex.results[1].formats(), ["text", "html"])
+        self.assertEqual((ex.error.name, ex.error.value), ("ZeroDivisionError", "division by zero"))
+        with self.assertRaises(space.StreamError):
+            sb.run_code("cut")

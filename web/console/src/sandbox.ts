@@ -3,8 +3,9 @@ import { FitAddon } from "@xterm/addon-fit";
 import { ctl, ctlFetch, dp, dpFetch, follow, b64decode, APIError } from "./api";
 import { h, clear, toast, errText, fmtBytes, fmtTime } from "./dom";
 import { sandboxes, actions, listen, limitsText, templateOf } from "./main";
+import { codeTab } from "./code";
 
-const TABS = ["terminal", "files", "commands", "network", "ports"];
+const TABS = ["terminal", "files", "commands", "code", "network", "ports"];
 const TERM_TAG = "console-terminal";
 
 // SandboxView is one sandbox: its header (state, actions) and the tabs.
@@ -25,6 +26,7 @@ export class SandboxView {
     this.renderHead();
     const tabs: Record<string, () => void> = {
       terminal: () => this.terminal(), files: () => this.files(this.home()), commands: () => this.commands(),
+      code: () => codeTab(this.panel, this.id, this.closers),
       network: () => this.network(), ports: () => this.ports(),
     };
     const open = (t: string) => {
