@@ -33,8 +33,8 @@
 # kept as debian-<key>.tar) and ~20 s after a change to the rest; the root
 # disk is booted with snapshot=on, so runs never change it. Needs
 # scripts/vm-deps.sh's packages and mmdebstrap (scripts/deps.sh). A run
-# (test/cgroupv2) takes ~5 minutes on two loaded cores: boot to a serving
-# server ~3 minutes of it.
+# (test/cgroupv2) takes 2-5 minutes on two loaded cores, boot to a serving
+# server 1.5-3 minutes of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -228,9 +228,11 @@ boot() {
   [ "$#" -eq 4 ] || [ "$#" -eq 5 ] || { echo "usage: cgroupv2-vm.sh boot BIN_DIR CTRL_PORT DATA_PORT CONSOLE_LOG [CTL_SOCK]" >&2; exit 2; }
   local bin=$1 ctrl=$2 data=$3 console=$4 ctl=${5:-}
   [ -f "$DIR/DONE" ] || { echo "cgroupv2-vm.sh: not built (run: scripts/cgroupv2-vm.sh build)" >&2; exit 1; }
-  local tmp
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
+  # Globals: the EXIT trap runs after this function's locals are gone.
+  BOOT_TMP=$(mktemp -d)
+  QEMU_PID=
+  trap 'if [ -n "$QEMU_PID" ]; then kill "$QEMU_PID" 2>/dev/null || true; fi; rm -rf "$BOOT_TMP"' EXIT
+  local tmp=$BOOT_TMP
   mkdir "$tmp/d"
   # The server runs space-agent as each sandbox's PID 1 when it finds it
   # next to itself, as in an installed bin/.
@@ -242,7 +244,10 @@ boot() {
     ctlargs=(-device virtio-serial-device -chardev "socket,id=ctl,path=$ctl,server=on,wait=off"
       -device virtserialport,chardev=ctl,name=space.ctl)
   fi
-  # Not exec: the trap removes the binary's disk when QEMU ends.
+  # Not exec: the trap removes the binary's disk when QEMU ends, and QEMU
+  # ends with whoever started this script (a test killed at its timeout
+  # runs no cleanup): a watcher polls the caller.
+  local caller=$PPID
   qemu-system-x86_64 -M microvm,x-option-roms=off,isa-serial=on -accel tcg,tb-size=256 \
     -m "${SPACE_CGROUPV2_MEM_MIB:-1536}" -smp "${SPACE_CGROUPV2_CPUS:-2}" \
     -nodefaults -no-user-config -display none -no-reboot \
@@ -254,7 +259,11 @@ boot() {
     -drive "id=space,if=none,format=raw,readonly=on,file=$tmp/space.ext4" \
     -device virtio-blk-device,drive=space,serial=space \
     -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$ctrl-:7070,hostfwd=tcp:127.0.0.1:$data-:7071" \
-    -device virtio-net-device,netdev=n0 "${ctlargs[@]}"
+    -device virtio-net-device,netdev=n0 "${ctlargs[@]}" &
+  QEMU_PID=$!
+  ( while kill -0 "$caller" 2>/dev/null && kill -0 "$QEMU_PID" 2>/dev/null; do sleep 5; done
+    kill "$QEMU_PID" 2>/dev/null ) &
+  wait "$QEMU_PID"
 }
 
 case "${1:-}" in

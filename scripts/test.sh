@@ -26,7 +26,7 @@ else
   echo "== test/k8s: the cluster's binaries are not cached; SPACE_TEST_K8S=1 bash scripts/test.sh builds them (30-75 min) and runs it"
 fi
 # The cgroup-v2-only round trip (test/cgroupv2) boots a Debian guest under
-# QEMU without KVM: ~5 minutes a run on two loaded cores. Its image is built
+# QEMU without KVM: 2-5 minutes a run on two loaded cores. Its image is built
 # (~3 minutes once, into /var/cache/space/cgroupv2) when asked for
 # (SPACE_TEST_CGROUPV2=1, which also makes the test fail instead of skip);
 # once cached, the test runs in every run.

@@ -112,9 +112,11 @@ func TestRoundTripCgroupV2Only(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	vm := exec.CommandContext(ctx, "bash", script, "boot", bin, fmt.Sprint(ctrl), fmt.Sprint(data), string(con), ctlSock)
 	vm.Dir = root
-	// Its own process group: the cleanup ends QEMU along with the script.
+	// Its own process group: the cleanup ends QEMU along with the script,
+	// with SIGTERM so that the script's trap removes the binary's disk.
 	vm.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	vm.Cancel = func() error { return syscall.Kill(-vm.Process.Pid, syscall.SIGKILL) }
+	vm.Cancel = func() error { return syscall.Kill(-vm.Process.Pid, syscall.SIGTERM) }
+	vm.WaitDelay = 20 * time.Second
 	var vmOut bytes.Buffer
 	vm.Stdout, vm.Stderr = &vmOut, &vmOut
 	boot := time.Now()
