@@ -1601,7 +1601,16 @@ func TestFlagsAreReal(t *testing.T) {
 				t.Fatal(err)
 			}
 			// It reports bad settings as warnings about the file, exit 0.
-			if out, err := exec.Command(sa, "verify", tmp).CombinedOutput(); err != nil || strings.Contains(string(out), tmp) {
+			// DelegateSubgroup= (systemd 254) is unknown to an older host's
+			// systemd, which ignores it, as the unit means it to.
+			out, err := exec.Command(sa, "verify", tmp).CombinedOutput()
+			var bad []string
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, tmp) && !strings.Contains(l, "Unknown key 'DelegateSubgroup'") {
+					bad = append(bad, l)
+				}
+			}
+			if err != nil || len(bad) > 0 {
 				t.Errorf("systemd-analyze verify space-server.service: %v\n%s", err, out)
 			}
 		}

@@ -352,6 +352,30 @@ func TestDetectV2ProcsLeaf(t *testing.T) {
 	}
 }
 
+// TestRestartWarning: a node in a systemd unit's own cgroup on a v2-only
+// host is told that restarts will fail; in the leaf, on hybrid hosts and
+// outside systemd units it is not.
+func TestRestartWarning(t *testing.T) {
+	v2 := "40 31 0:36 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+	for _, c := range []struct {
+		mountinfo, cgroup string
+		warn              bool
+	}{
+		{v2, "0::/system.slice/space-server.service\n", true},
+		{v2, "0::/system.slice/space-server.service/" + ProcsLeaf + "\n", false},
+		{v2, "0::/kubepods/pod1/ctr\n", false},
+		{hybridMountinfo, hybridProcCgroup, false},
+	} {
+		m, err := NewFromTables([]byte(c.mountinfo), []byte(c.cgroup), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.RestartWarning(); (got != "") != c.warn || c.warn && !strings.Contains(got, "DelegateSubgroup=") {
+			t.Errorf("%q: warning %q, want one: %v", c.cgroup, got, c.warn)
+		}
+	}
+}
+
 // TestEvacuate moves real processes out of a v2 cgroup into its leaf, as
 // enableOwn does when the kernel refuses to delegate controllers from a
 // cgroup that holds processes.

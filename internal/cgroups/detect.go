@@ -161,6 +161,10 @@ type Manager struct {
 	// v2ctl are the controllers the unified hierarchy provides for groups.
 	v2ctl []string
 
+	// unit is the node's own v2 cgroup when it is a systemd service's and
+	// the node does not run in its leaf (see RestartWarning).
+	unit string
+
 	baseMu   sync.Mutex
 	baseDone bool
 }
@@ -210,6 +214,8 @@ func NewFromTables(mountinfo, procCgroup []byte, base string) (*Manager, error) 
 			// owns the leaf's parent.
 			if filepath.Base(path) == ProcsLeaf {
 				path = filepath.Dir(path)
+			} else if strings.HasSuffix(path, ".service") {
+				m.unit = path
 			}
 			dir := join(mt, path)
 			m.hier = append(m.hier, hierarchy{base: filepath.Join(dir, base), v2: true})
@@ -312,6 +318,23 @@ func v2Controllers(dir string) []string {
 		}
 	}
 	return out
+}
+
+// RestartWarning explains, for a node that systemd started in its unit's
+// own cgroup on a v2-only host, that a restart of the unit will fail while
+// sandboxes run; "" otherwise. On v2 the node delegates controllers from
+// that cgroup to its sandboxes' groups after moving itself into the leaf
+// ProcsLeaf, and from then on the kernel refuses to put a process in it:
+// systemd before 254, which cannot start a unit in a subgroup
+// (DelegateSubgroup=), fails the restart with status 219/CGROUP.
+func (m *Manager) RestartWarning() string {
+	if m.layout != LayoutV2 || m.unit == "" {
+		return ""
+	}
+	return fmt.Sprintf("cgroup v2: systemd started this server in its unit's own cgroup %s, not in its leaf %s: "+
+		"once sandboxes run, restarting the unit fails (status=219/CGROUP) until they are deleted; "+
+		"set DelegateSubgroup=%s in the unit (systemd 254 or later; deploy/systemd/space-server.service)",
+		m.unit, ProcsLeaf, ProcsLeaf)
 }
 
 // Layout reports the detected layout.

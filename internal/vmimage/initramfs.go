@@ -20,6 +20,11 @@ type InitramfsSpec struct {
 	// AgentArgs follow `/space agent --vm --root /newroot`; default
 	// ["--serial", "space.agent"].
 	AgentArgs []string
+	// Init replaces the sandbox boot script as the guest's /init (a
+	// busybox sh script; /modules.order lists the modules to insmod from
+	// /lib/modules). Test guests that boot a whole distribution use it;
+	// AgentArgs are then ignored.
+	Init string
 }
 
 // initScript is the guest's /init. It never runs a shell command built
@@ -105,7 +110,11 @@ func Initramfs(spec InitramfsSpec, out string) error {
 	for _, d := range []string{"bin", "lib", "lib/modules", "proc", "sys", "dev", "mnt", "newroot"} {
 		w.dir(d)
 	}
-	w.file("init", 0o755, []byte(strings.Replace(initScript, "@AGENTARGS@", strings.Join(args, " "), 1)))
+	script := strings.Replace(initScript, "@AGENTARGS@", strings.Join(args, " "), 1)
+	if spec.Init != "" {
+		script = spec.Init
+	}
+	w.file("init", 0o755, []byte(script))
 	if err := w.copyFile("bin/busybox", spec.Busybox, 0o755); err != nil {
 		return err
 	}

@@ -249,6 +249,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 		d.idmaps = idmap.NewCache()
 	}
 	opts.Logf("gvisor driver: %s (%s), platform %s, cgroups %s", opts.Runsc, version, opts.Platform, cg)
+	if w := cg.RestartWarning(); w != "" {
+		opts.Logf("gvisor driver: %s", w)
+	}
 	return d, nil
 }
 

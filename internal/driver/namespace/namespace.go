@@ -190,6 +190,9 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("namespace: %w: %w", err, driver.ErrUnsupported)
 	}
 	opts.Logf("namespace driver: cgroups %s", cg)
+	if w := cg.RestartWarning(); w != "" {
+		opts.Logf("namespace driver: %s", w)
+	}
 	agent, err := agentMemfd(opts.AgentPath)
 	if err != nil {
 		opts.Logf("namespace: sandboxes run the agent from %s (no memfd copy: %v)", opts.AgentPath, err)
