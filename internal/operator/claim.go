@@ -263,7 +263,7 @@ func (o *Operator) finalizeClaim(ctx context.Context, c *SandboxClaim, assigned 
 
 // claimStatus writes the claim's conditions and sandbox name, when changed.
 func (o *Operator) claimStatus(ctx context.Context, c *SandboxClaim, sandbox string, conds []Condition) error {
-	now := time.Now()
+	now := conditionTime()
 	next := c.Status
 	next.Conditions = append([]Condition(nil), c.Status.Conditions...)
 	for _, cd := range conds {

@@ -442,6 +442,10 @@ func setCondition(conds []Condition, c Condition, now time.Time) []Condition {
 	return out
 }
 
+// conditionTime is now as metav1.Time stores it (seconds, UTC), so that a
+// condition read back compares equal to the one written.
+func conditionTime() time.Time { return time.Now().UTC().Truncate(time.Second) }
+
 // sameConditions compares conditions but for their transition times.
 func sameConditions(a, b []Condition) bool {
 	if len(a) != len(b) {
@@ -464,13 +468,6 @@ func findCondition(conds []Condition, t string) *Condition {
 		}
 	}
 	return nil
-}
-
-func condStatus(b bool) string {
-	if b {
-		return "True"
-	}
-	return "False"
 }
 
 // message of an error for a condition: an Unsupported names its field.

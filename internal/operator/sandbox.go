@@ -204,7 +204,14 @@ func (o *Operator) createSpace(ctx context.Context, sb *Sandbox, tmpl *SandboxTe
 	if err != nil {
 		return 0, false, o.sandboxStatus(ctx, sb, notReady("Unsupported", message(err)))
 	}
-	timeout := timeoutFor(sb.Spec.ShutdownTime, time.Now())
+	// Counted from the object's creation, not from now: a retried create
+	// must send the same body for its idempotency key to be accepted. The
+	// reconcile moves SPACE's timeout to shutdownTime once it runs.
+	created := time.Now()
+	if sb.Metadata.CreationTimestamp != nil {
+		created = *sb.Metadata.CreationTimestamp
+	}
+	timeout := timeoutFor(sb.Spec.ShutdownTime, created)
 	req := client.CreateRequest{Template: src.Name, Env: pv.Env, Network: net, TimeoutSeconds: &timeout,
 		Limits:   client.Limits{CPUMillis: pv.CPUMillis, MemoryBytes: pv.MemBytes},
 		Metadata: map[string]string{metadataKeyUID: sb.Metadata.UID, metadataKeyName: objKey(sb.Metadata)}}
@@ -334,7 +341,7 @@ func (o *Operator) sandboxStatus(ctx context.Context, sb *Sandbox, conds []Condi
 
 // sandboxStatusFull writes st with conds applied, when anything changed.
 func (o *Operator) sandboxStatusFull(ctx context.Context, sb *Sandbox, st SandboxStatus, conds []Condition) error {
-	now := time.Now()
+	now := conditionTime()
 	next := st
 	next.Conditions = append([]Condition(nil), sb.Status.Conditions...)
 	for _, c := range conds {
