@@ -45,15 +45,17 @@ func (o *Operator) reconcileClaim(ctx context.Context, ns, name string) (time.Du
 		if tmpl == nil {
 			return 0, o.claimStatus(ctx, c, "", notReady("TemplateNotFound", "no SandboxTemplate "+pool.Spec.TemplateRef.Name))
 		}
+		// Reasons as agent-sandbox's controller gives them, which its
+		// Python client treats as terminal.
 		if len(c.Spec.VolumeClaimTemplates) > 0 {
-			return 0, o.claimStatus(ctx, c, "", notReady("Unsupported", "SPACE cannot honour spec.volumeClaimTemplates: SPACE sandboxes have no persistent volume claims"))
+			return 0, o.claimStatus(ctx, c, "", notReady("VolumeClaimTemplatesError", "SPACE cannot honour spec.volumeClaimTemplates: SPACE sandboxes have no persistent volume claims"))
 		}
 		pv, err := parsePod(tmpl.Spec.PodTemplate)
-		if err == nil {
-			_, err = sandboxEnv(tmpl.Spec.EnvVarsInjectionPolicy, pv.Env, c.Spec.Env)
-		}
 		if err != nil {
 			return 0, o.claimStatus(ctx, c, "", notReady("Unsupported", message(err)))
+		}
+		if _, err := sandboxEnv(tmpl.Spec.EnvVarsInjectionPolicy, pv.Env, c.Spec.Env); err != nil {
+			return 0, o.claimStatus(ctx, c, "", notReady("EnvVarsInjectionRejected", message(err)))
 		}
 		// Env is baked into a sandbox at create: a claim with env starts cold.
 		target := ""

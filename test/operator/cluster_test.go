@@ -68,11 +68,15 @@ func k8sBins() (etcd, apiserver string) {
 	return etcd, apiserver
 }
 
-// kubectlBin is kubectl next to kube-apiserver, or "".
+// kubectlBin is kubectl next to kube-apiserver or in scripts/k8s.sh's
+// cache, or "".
 func kubectlBin(apiserver string) string {
-	p := filepath.Join(filepath.Dir(apiserver), "kubectl")
-	if _, err := os.Stat(p); err == nil {
-		return p
+	cands := []string{filepath.Join(filepath.Dir(apiserver), "kubectl")}
+	m, _ := filepath.Glob("/var/cache/space/k8s/kubernetes/*/bin/kubectl")
+	for _, p := range append(cands, m...) {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
 	}
 	return ""
 }
