@@ -43,7 +43,7 @@ type Operator struct {
 	space *client.Client
 	opts  Options
 	log   *slog.Logger
-	q     *queue
+	q     *router
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox // "ns/name"
@@ -68,7 +68,7 @@ func New(kube *Kube, space *client.Client, opts Options) *Operator {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Operator{kube: kube, space: space, opts: opts, log: opts.Logger, q: newQueue(),
+	return &Operator{kube: kube, space: space, opts: opts, log: opts.Logger, q: &router{sandboxes: newQueue(), claims: newQueue()},
 		sandboxes: map[string]*Sandbox{}, claims: map[string]*SandboxClaim{},
 		templates: map[string]*SandboxTemplate{}, pools: map[string]*SandboxWarmPool{},
 		reserved: map[string]string{}, builds: map[string]*build{}}
@@ -117,8 +117,9 @@ func (o *Operator) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); o.watchLoop(ctx, r, rvs[i]) }()
 	}
 	for range o.opts.Workers {
-		wg.Add(1)
-		go func() { defer wg.Done(); o.worker(ctx) }()
+		wg.Add(2)
+		go func() { defer wg.Done(); o.worker(ctx, o.q.sandboxes) }()
+		go func() { defer wg.Done(); o.worker(ctx, o.q.claims) }()
 	}
 	o.enqueueAll()
 	t := time.NewTicker(o.opts.Resync)
@@ -344,14 +345,31 @@ func poolLabel(name string) string {
 	return "h-" + shortHash(name)
 }
 
-func (o *Operator) worker(ctx context.Context) {
+// router sends Sandboxes and templates to one queue and claims and pools
+// to another, each with its own workers: a Sandbox reconcile waits for its
+// SPACE create (tens of milliseconds to seconds), and a burst of them (a
+// pool refilling) must not hold up claims, which only write objects.
+type router struct{ sandboxes, claims *queue }
+
+func (r *router) pick(key string) *queue {
+	if strings.HasPrefix(key, kClaim) || strings.HasPrefix(key, kPool) {
+		return r.claims
+	}
+	return r.sandboxes
+}
+
+func (r *router) add(key string)                       { r.pick(key).add(key) }
+func (r *router) addAfter(key string, d time.Duration) { r.pick(key).addAfter(key, d) }
+func (r *router) close()                               { r.sandboxes.close(); r.claims.close() }
+
+func (o *Operator) worker(ctx context.Context, q *queue) {
 	for {
-		key, ok := o.q.get()
+		key, ok := q.get()
 		if !ok {
 			return
 		}
 		after, err := o.reconcile(ctx, key)
-		o.q.done(key)
+		q.done(key)
 		if err != nil && ctx.Err() == nil {
 			o.log.Warn("operator: reconcile failed", "key", key, "err", err)
 			if after <= 0 || after > 5*time.Second {
