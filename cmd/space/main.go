@@ -18,6 +18,7 @@ func commands() []command {
 	return []command{
 		{"server", "run the control API, data plane and in-process node", runServer},
 		{"node", "run a node for servers started with --remote-nodes (scale-out)", runNode},
+		{"operator", "serve the Kubernetes agent-sandbox API (Sandbox, SandboxClaim, …) with SPACE sandboxes", runOperator},
 		{"agent", "in-sandbox daemon (started by the node as a sandbox's PID 1)", runAgent},
 		{"keys", "API keys, on the server machine: create|list|revoke|help", runKeys},
 		{"certs", "node link certificates from a small CA: init|issue", runCerts},
