@@ -84,7 +84,7 @@ var completionTable = map[string]completionVerb{
 	"certs":       {words: []string{"init", "issue"}},
 	"credentials": {words: []string{"rewrap"}},
 	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas", "--fleet-cycles", "--fleet-rounds", "--fleet-profile", "--fleet-bin"}},
-	"doctor":      {flags: []string{"--data-dir", "--runsc", "--json"}},
+	"doctor":      {flags: []string{"--data-dir", "--runsc", "--criu", "--json"}},
 	"operator":    {client: true, flags: []string{"--kubeconfig", "--api-key-file", "--namespace", "--workers", "--resync", "--log-format", "--log-level"}},
 	"version":     {client: true, flags: []string{"--server"}},
 	"agent":       {},
