@@ -88,7 +88,9 @@ func testChart(t *testing.T, k kube) {
 		t.Logf("server pod %s replaced in %v", old, time.Since(t0).Round(time.Second))
 	})
 	if out, err := helmRun(helm, k.kcfg, 4*time.Minute, test...); err != nil {
-		t.Fatalf("%v\nlogs:\n%s", err, podLogs())
+		testLog, _ := k.run(time.Minute, "-n", "space", "logs", "space-test-healthz")
+		desc, _ := k.run(time.Minute, "-n", "space", "describe", "pod", "space-test-healthz")
+		t.Fatalf("%v\ntest pod log:\n%s\ntest pod:\n%s\nlogs:\n%s", err, testLog, tail(desc, 3000), podLogs())
 	} else if !strings.Contains(out, "Succeeded") {
 		t.Errorf("helm test:\n%s", out)
 	}
