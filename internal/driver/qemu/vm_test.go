@@ -287,7 +287,9 @@ func TestVM(t *testing.T) {
 
 	// Checkpoint with a file and a counting process, then restore after
 	// the original is gone.
-	drivertest.MustSh(t, inst, "echo data > /root/f; (i=0; while :; do i=$((i+1)); echo $i > /root/count; sleep 0.1; done) >/dev/null 2>&1 &")
+	// The count is renamed into place: a read never sees the file
+	// truncated mid-write (that read as 0 once and failed the check below).
+	drivertest.MustSh(t, inst, "echo data > /root/f; (i=0; while :; do i=$((i+1)); echo $i > /root/count.new; mv /root/count.new /root/count; sleep 0.1; done) >/dev/null 2>&1 &")
 	drivertest.MustSh(t, inst, "sleep 0.5")
 	ck := filepath.Join(dir, "ckpt")
 	tc := time.Now()
