@@ -271,6 +271,17 @@ func fleetTemplateAdmin(c *cluster, a, b *proc, want []string) {
 		t.Fatalf("delete: %d %v", st, m)
 	}
 	away.start(t) // back, with its older build of hello on disk
+	// Replica A learns of the delete from the nodes' next heartbeats; once
+	// it shows hello gone, hello must stay gone with the node back.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		st, m := c.call(a, "GET", "/v1/templates/hello", nil)
+		if st == 404 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hello through replica %s 10 s after its delete: %d %v, want 404", a.name, st, m)
+		}
+	}
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		if st, m := c.call(a, "GET", "/v1/templates/hello", nil); st != 404 {
 			t.Fatalf("hello after its delete (node %s was away): %d %v, want 404", away.name, st, m)
