@@ -404,32 +404,15 @@ func startOperator(t *testing.T, c *cluster, srv *testenv.Server, key, logName s
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(srv.Bin, "operator", "--kubeconfig", c.opKubeconfig, "--url", srv.Ctrl,
+	cmd := startProc(t, c.dir, logName, srv.Bin, "operator", "--kubeconfig", c.opKubeconfig, "--url", srv.Ctrl,
 		"--api-key-file", keyFile, "--resync", "5s", "--log-level", "debug")
 	logPath := filepath.Join(c.dir, logName+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &operatorProc{cmd: cmd, logPath: logPath}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
 		if t.Failed() {
 			t.Logf("---- %s log (tail) ----\n%s", logName, logTail(logPath, 6000))
 		}
 	})
+	p := &operatorProc{cmd: cmd, logPath: logPath}
 	return p
 }
 
