@@ -9,6 +9,10 @@ if [ "${1:-}" = "--test" ]; then pkgs+=(chromium); fi
 # cluster of scripts/k8s.sh (test/k8s): containerd's runtime, and what
 # kubelet and kube-proxy call.
 if [ "${1:-}" = "--test" ]; then pkgs+=(runc iptables conntrack openssl); fi
+# --test: agent-sandbox's Python client (test/operator TestAgentSandboxClient,
+# vendored there) needs the Kubernetes client and prometheus_client; its
+# pydantic 2 comes from the interpreter (Debian 12's python3-pydantic is 1.x).
+if [ "${1:-}" = "--test" ]; then pkgs+=(python3-kubernetes python3-prometheus-client); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

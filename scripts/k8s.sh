@@ -10,6 +10,9 @@
 #   scripts/k8s.sh status   what is running
 #   scripts/k8s.sh image    build the SPACE image from this checkout and
 #                           import it into the cluster (space:local)
+#   scripts/k8s.sh postgres build the PostgreSQL image of the split layout
+#                           (cached), import it (space-postgres:local) and
+#                           make its volume's directory
 #   scripts/k8s.sh env      shell exports for KUBECONFIG and PATH
 #   scripts/k8s.sh bin      the directory of kubectl and the other Kubernetes binaries
 #   scripts/k8s.sh helm     build helm (cached, part of build too) and print its path
@@ -415,12 +418,72 @@ space_tar() {
   echo "$dir/space.tar"
 }
 
-cmd_image() {
+# import_built FUNC: builds an image tarball with FUNC (it prints the
+# path) and imports it into the running cluster's containerd.
+import_built() {
   running || { log "the cluster is not up (scripts/k8s.sh up)"; exit 1; }
   local tarball
-  tarball=$(space_tar)
+  tarball=$("$1")
   import_tar "$tarball"
+}
+
+cmd_image() {
+  import_built space_tar
   echo "$SPACE_IMAGE"
+}
+
+# PostgreSQL for the split layout (deploy/kubernetes/local), in place of
+# the postgres image no registry serves: Debian's postgresql-15 in a root
+# filesystem from mmdebstrap, its postgres user moved to uid/gid 999 (the
+# manifests run the container as 999, as the postgres image's user), the
+# server binaries first on PATH (the probes call pg_isready) and an
+# entrypoint that does what the postgres image's does with POSTGRES_USER,
+# POSTGRES_DB, POSTGRES_PASSWORD and PGDATA
+# (deploy/ociimage/postgres/entrypoint.sh). Cached by its inputs.
+PG_PKGS=postgresql-15
+PG_IMAGE=docker.io/library/space-postgres:local
+postgres_tar() {
+  # The root filesystem is keyed by its packages (a slow build), the image
+  # by that and the entrypoint.
+  local key rootfs out
+  key=$(echo "bookworm $PG_PKGS uid999" | sha256sum | cut -c1-12)
+  rootfs=$K8S_CACHE/image/postgres-rootfs-$key.tar
+  key=$(cat <(echo "$key") "$REPO/deploy/ociimage/postgres/entrypoint.sh" | sha256sum | cut -c1-12)
+  out=$K8S_CACHE/image/postgres-$key.tar
+  [ -f "$out" ] && { echo "$out"; return 0; }
+  mkdir -p "$K8S_CACHE/image"
+  if [ ! -f "$rootfs" ]; then
+    log "building the PostgreSQL image's root filesystem (mmdebstrap bookworm $PG_PKGS)"
+    # The package's own cluster (/var/lib/postgresql/15/main) is not used:
+    # the entrypoint initialises PGDATA on the volume.
+    SOURCE_DATE_EPOCH=1700000000 mmdebstrap --variant=minbase --format=tar --include="$PG_PKGS" \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      --customize-hook='rm -rf "$1/var/lib/postgresql/15" "$1/etc/postgresql/15"' \
+      --customize-hook='chroot "$1" groupmod -g 999 postgres' \
+      --customize-hook='chroot "$1" usermod -u 999 -g 999 postgres' \
+      --customize-hook='chroot "$1" chown -R 999:999 /var/lib/postgresql /var/run/postgresql /var/log/postgresql' \
+      bookworm "$rootfs.tmp.tar" >&2
+    mv "$rootfs.tmp.tar" "$rootfs"
+  fi
+  (cd "$REPO" && SOURCE_DATE_EPOCH=1700000000 go run ./deploy/ociimage -o "$out.tmp" -name "$PG_IMAGE" -base "$rootfs" \
+    -file "/usr/local/bin/docker-entrypoint.sh=$REPO/deploy/ociimage/postgres/entrypoint.sh" \
+    -env PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    -entrypoint '["/usr/local/bin/docker-entrypoint.sh"]') >&2 ||
+    { log "building the PostgreSQL image failed"; exit 1; }
+  mv "$out.tmp" "$out"
+  echo "$out"
+}
+
+cmd_postgres() {
+  import_built postgres_tar
+  # The volume of the StatefulSet's one claim (the overlay's
+  # PersistentVolume space-postgres: this cluster has no provisioner),
+  # owned by the container's user.
+  mkdir -p "$S/volumes/space-postgres"
+  chown 999:999 "$S/volumes/space-postgres"
+  chmod 700 "$S/volumes/space-postgres"
+  echo "$PG_IMAGE"
 }
 
 running() { [ -f "$S/pids/kube-apiserver" ] && kill -0 "$(cat "$S/pids/kube-apiserver")" 2>/dev/null; }
@@ -574,11 +637,13 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   image) cmd_image ;;
+  postgres) cmd_postgres ;;
+  postgres-image) postgres_tar ;;
   bin) echo "$KUBE_BIN" ;;
   helm) build_one helm "$HELM_VERSION" setup_helm; echo "$(bindir helm "$HELM_VERSION")/helm" ;;
   # built: every binary of build is cached, helm included (a run of
   # scripts/test.sh never starts a long build on its own).
   built) for d in "$ETCD_BIN" "$CTRD_BIN" "$CNI_BIN" "$KUBE_BIN" "$(bindir helm "$HELM_VERSION")"; do [ -f "$(dirname "$d")/DONE" ] || exit 1; done ;;
   env) echo "export KUBECONFIG=$PKI/admin.kubeconfig PATH=$KUBE_BIN:$CTRD_BIN:\$PATH" ;;
-  *) echo "usage: $0 build|built|up|down|status|image|env|bin|helm" >&2; exit 2 ;;
+  *) echo "usage: $0 build|built|up|down|status|image|postgres|postgres-image|env|bin|helm" >&2; exit 2 ;;
 esac

@@ -28,7 +28,10 @@ export SPACE_CRIU
 # renders every kustomization with real kustomize (deploy/kubernetes).
 # build also builds helm into the same cache, and the cache counts as
 # complete only with it; deploy/kubernetes lints and renders the Helm
-# chart with it and test/k8s installs the chart.
+# chart with it and test/k8s installs the chart. test/k8s then deploys the
+# split layout with a PostgreSQL image that `scripts/k8s.sh postgres`
+# builds from Debian packages (mmdebstrap, ~4.5 min the first time, cached
+# in the same directory). The whole test takes about 5 minutes.
 # Without the cache the cluster test skips and says why.
 if [ "${SPACE_TEST_K8S:-}" = 1 ] || bash scripts/k8s.sh built; then
   bash scripts/k8s.sh build >/dev/null

@@ -41,6 +41,10 @@ func runBench(args []string) error {
 	drivers := fs.String("drivers", "", "comma-separated drivers measured side by side in one run (e.g. namespace,gvisor): cold and warm-pool create, exec round trip, and for gvisor snapshot+fork; replaces --driver")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: the pinned build, then PATH)")
 	fs.IntVar(&cfg.SnapshotRuns, "snapshot-runs", 10, "with --drivers: snapshot+fork pairs per driver that has process snapshots (gvisor; 0 skips)")
+	cfg.MemSnap = bench.DefaultMemSnap()
+	fs.IntVar(&cfg.MemSnap.Runs, "mem-snapshot-runs", cfg.MemSnap.Runs, "with --drivers: idle snapshots and hibernate→resume cycles of the memory-snapshot part, for a driver whose snapshots hold processes (0 skips the part)")
+	memDirty := fs.Int64("mem-dirty-mb", cfg.MemSnap.DirtyBytes>>20, "with --drivers: MiB of memory dirtied before the memory-snapshot part's dirty snapshot")
+	memForks := fs.String("mem-forks", joinInts(cfg.MemSnap.Forks), "with --drivers: comma-separated fork counts from one snapshot in the memory-snapshot part")
 	fleet := fs.Bool("fleet", false, "fleet benchmark: a private PostgreSQL, --fleet-replicas replicas and --fleet-nodes nodes as separate processes, next to one single server, full cycles (create → first command → delete) at each --fleet-clients level")
 	fc := bench.FleetConfig{Nodes: 2, Replicas: 2, Cycles: 6, MinCycles: 24, MemoryBytes: 64 << 20}
 	fs.IntVar(&fc.Nodes, "fleet-nodes", fc.Nodes, "with --fleet: space node processes")
@@ -71,6 +75,15 @@ func runBench(args []string) error {
 		cfg.PortRequests < 0 || cfg.PortClients < 0 {
 		return errors.New("bench: counts must not be negative")
 	}
+	if *memDirty < 0 || *memDirty > 4096 || cfg.MemSnap.Runs < 0 {
+		return errors.New("bench: --mem-dirty-mb is 0..4096, --mem-snapshot-runs not negative")
+	}
+	cfg.MemSnap.DirtyBytes = *memDirty << 20
+	forks, ferr := parseClients(*memForks)
+	if ferr != nil {
+		return fmt.Errorf("bench: --mem-forks %q: counts from 1 to 256", *memForks)
+	}
+	cfg.MemSnap.Forks = forks
 	if cfg.Idle > bench.MaxSandboxes {
 		return fmt.Errorf("bench: --idle is at most %d", bench.MaxSandboxes)
 	}

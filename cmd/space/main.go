@@ -33,6 +33,7 @@ func commands() []command {
 		{"bench", "measure the namespace driver (see docs/PERFORMANCE.md)", runBench},
 		{"completion", "print a shell completion script: bash|zsh|fish", runCompletion},
 		{"version", "print the version and commit (--json: as JSON)", runVersion},
+		{"health", "check that the server answers (GET /healthz; no API key needed)", runHealth},
 	}
 }
 

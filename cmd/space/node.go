@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/server"
 )
@@ -66,6 +67,8 @@ func runNode(args []string) error {
 	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|firecracker|qemu|gvisor|namespace")
 	fs.StringVar(&cfg.QEMUAccel, "qemu-accel", "", "qemu driver accelerator: kvm|tcg")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver")
+	fs.BoolVar(&cfg.NamespaceCRIU, "namespace-criu", true, "namespace driver: keep processes in snapshots, hibernation and forks with CRIU where scripts/criu.sh's patched build is found (--namespace-criu=false: files only)")
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "namespace driver: put sandboxes' cgroups below this cgroup path (e.g. /space-sandboxes, in the host's tree: mounted from the host in a Kubernetes pod) instead of below the process's own, so that they outlive it")
 	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
 	builtins := fs.String("builtins", "minimal,base", "builtin templates to build at start if missing")
@@ -88,6 +91,13 @@ func runNode(args []string) error {
 	}
 	if err := noArgs(fs); err != nil {
 		return err
+	}
+	if cfg.CgroupParent != "" {
+		// Sandboxes' cgroups outside this process's cgroup namespace (a
+		// pod's on a cgroup v2 host) need the host's namespace.
+		if err := cgroups.ExecInHostNamespace(); err != nil {
+			return err
+		}
 	}
 	cfg.Store = storeOrDefault(cfg.Store)
 	if err := lg.apply(&cfg); err != nil {

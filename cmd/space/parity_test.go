@@ -227,6 +227,17 @@ func TestSessionTimeoutAndPolicyFlags(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.Server.Version == "" || v.Server.Version != v.Client.Version {
 		t.Fatalf("version --server: %d %q %s", code, out, errOut)
 	}
+	// health needs no API key (the Helm chart's helm test pod has none);
+	// a server that does not answer is an error.
+	srv, _ = cliSrv(t)
+	cmd := exec.Command(srv.Bin, "health", "--url", srv.Ctrl)
+	cmd.Env = append(os.Environ(), "SPACE_API_KEY=")
+	if b, err := cmd.CombinedOutput(); err != nil || string(b) != srv.Ctrl+": ok\n" {
+		t.Fatalf("health without a key: %v %q", err, b)
+	}
+	if _, errOut, code := space(t, "health", "--url", "http://127.0.0.1:1", "--timeout", "2s"); code == 0 {
+		t.Fatalf("health of a closed port: exit 0 %s", errOut)
+	}
 }
 
 // TestEvents follows the project's lifecycle events while a sandbox is

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/server"
 )
@@ -52,6 +53,8 @@ func runServer(args []string) error {
 	fs.StringVar(&cfg.Driver, "driver", cfg.Driver, "isolation driver: auto|firecracker|qemu|gvisor|namespace")
 	fs.StringVar(&cfg.QEMUAccel, "qemu-accel", "", "qemu driver accelerator: kvm|tcg (default: KVM when it can run guests, else TCG)")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: scripts/runsc.sh's pinned build, then PATH)")
+	fs.BoolVar(&cfg.NamespaceCRIU, "namespace-criu", true, "namespace driver: keep processes in snapshots, hibernation and forks with CRIU where scripts/criu.sh's patched build is found (--namespace-criu=false: files only)")
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "namespace driver: put sandboxes' cgroups below this cgroup path (e.g. /space-sandboxes, in the host's tree: mounted from the host in a Kubernetes pod) instead of below the process's own, so that they outlive it")
 	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")
 	builtins := fs.String("builtins", strings.Join(cfg.Builtins, ","), "builtin templates to build at start if missing (minimal,base)")
@@ -85,6 +88,13 @@ func runServer(args []string) error {
 	}
 	if err := noArgs(fs); err != nil {
 		return err
+	}
+	if cfg.CgroupParent != "" {
+		// Sandboxes' cgroups outside this process's cgroup namespace (a
+		// pod's on a cgroup v2 host) need the host's namespace.
+		if err := cgroups.ExecInHostNamespace(); err != nil {
+			return err
+		}
 	}
 	cfg.Store = storeOrDefault(cfg.Store)
 	if cfg.Retention < 0 {

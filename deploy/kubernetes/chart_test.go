@@ -34,7 +34,11 @@ func kindSecrets(t *testing.T, dir string) map[string]any {
 	t.Helper()
 	c := load(t, dir)
 	s := map[string]any{"create": true, "dbPassword": c.Secrets["space-db"].StringData["password"]}
-	if dir == "kind" {
+	if dir == "local" {
+		// The DSN names the Service's fixed address, not its name.
+		s["dsn"] = c.Secrets["space-db"].StringData["dsn"]
+	}
+	if dir == "kind" || dir == "local" {
 		s["clusterSecret"] = c.Secrets[clusterSecret].StringData["secret"]
 		s["clusterCA"] = map[string]any{"crt": c.Secrets["space-cluster-ca"].StringData["ca.crt"], "key": c.Secrets["space-cluster-ca"].StringData["ca.key"]}
 		s["snapshotStore"] = c.Secrets["space-snapshots"].StringData["store"]
@@ -46,12 +50,36 @@ func kindSecrets(t *testing.T, dir string) map[string]any {
 // localValues install the chart on the cluster of scripts/k8s.sh, as
 // deploy/kubernetes/local-single does (and test/k8s installs it).
 var localValues = map[string]any{
-	"image":    map[string]any{"tag": "local", "pullPolicy": "Never"},
-	"store":    map[string]any{"sqlite": true},
-	"builtins": "minimal",
-	"dataDir":  "/var/lib/space-k8s/space-data",
-	"postgres": map[string]any{"enabled": false},
-	"node":     map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "256Mi"}}},
+	"image":        map[string]any{"tag": "local", "pullPolicy": "Never"},
+	"store":        map[string]any{"sqlite": true},
+	"builtins":     "minimal",
+	"dataDir":      "/var/lib/space-k8s/space-data",
+	"runDir":       "/var/lib/space-k8s/space-run",
+	"cgroupParent": "/space-k8s/space-sandboxes",
+	"postgres":     map[string]any{"enabled": false},
+	"node":         map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "256Mi"}}},
+}
+
+// localSplitValues install the split layout on the cluster of
+// scripts/k8s.sh, as deploy/kubernetes/local does (docs/install-kubernetes.md).
+func localSplitValues(t *testing.T) map[string]any {
+	t.Helper()
+	small := func(cpu, mem string) map[string]any {
+		return map[string]any{"requests": map[string]any{"cpu": cpu, "memory": mem}}
+	}
+	return map[string]any{
+		"layout":       "split",
+		"image":        map[string]any{"tag": "local", "pullPolicy": "Never"},
+		"builtins":     "minimal",
+		"dataDir":      "/var/lib/space-k8s/space-data",
+		"runDir":       "/var/lib/space-k8s/space-run",
+		"cgroupParent": "/space-k8s/space-sandboxes",
+		"dataURL":      "http://$(POD_IP):7071",
+		"postgres":     map[string]any{"image": "space-postgres:local", "serviceClusterIP": "10.97.0.54", "resources": small("50m", "64Mi")},
+		"server":       map[string]any{"resources": small("50m", "64Mi")},
+		"node":         map[string]any{"resources": small("100m", "256Mi")},
+		"secrets":      kindSecrets(t, "local"),
+	}
 }
 
 func chartCases(t *testing.T) []chartCase {
@@ -66,6 +94,9 @@ func chartCases(t *testing.T) []chartCase {
 			"image": map[string]any{"tag": "dev"}, "dataURL": "http://127.0.0.1:7071", "secrets": kindSecrets(t, "kind-single")}},
 		// local-single scales the StatefulSet to 0; the chart renders none.
 		{Name: "local", Kustomize: "local-single", Values: localValues, Omit: pg},
+		// The split layout there; the PersistentVolume is the cluster's,
+		// not the chart's (docs/install-kubernetes.md creates it).
+		{Name: "local-split", Kustomize: "local", Values: localSplitValues(t), Omit: []string{"PersistentVolume/space-postgres-local"}},
 	}
 }
 
@@ -185,7 +216,7 @@ func checkChartTest(t *testing.T, c *cluster, objs []object) {
 			svc = &c.Services[i]
 		}
 	}
-	if svc == nil || !strings.Contains(script, "${SPACE_SERVICE_HOST}:${SPACE_SERVICE_PORT_CONTROL}/healthz") ||
+	if svc == nil || !strings.Contains(script, "http://$(SPACE_SERVICE_HOST):$(SPACE_SERVICE_PORT_CONTROL)") ||
 		svc.Spec.Ports[0].Name != "control" || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(srv.Template.Labels)) {
 		t.Errorf("the helm test pod's command %q does not ask the Service space's control port", script)
 	}
@@ -221,7 +252,7 @@ var chartRefusals = map[string]map[string]any{
 // and the chart has its README.
 func TestChartFilesAreUsed(t *testing.T) {
 	used := map[string]bool{}
-	for _, cc := range chartCases(t) {
+	for _, cc := range append(chartCases(t), operatorChartCases()...) {
 		objs, err := renderChart("space", namespace, cc.Values)
 		if err != nil {
 			t.Fatal(err)
@@ -281,7 +312,7 @@ func TestChartMatchesHelm(t *testing.T) {
 		defer cancel()
 		return exec.CommandContext(ctx, helm, append(args, "-f", f)...).CombinedOutput()
 	}
-	for _, cc := range chartCases(t) {
+	for _, cc := range append(chartCases(t), operatorChartCases()...) {
 		t.Run(cc.Name, func(t *testing.T) {
 			if out, err := run(cc.Values, "lint", "--strict", "--namespace", namespace, chartDir); err != nil {
 				t.Errorf("helm lint --strict: %v\n%s", err, out)
@@ -424,8 +455,14 @@ func TestChartDocs(t *testing.T) {
 				t.Errorf("%s: helm install %v does not render: %v", doc, vals, err)
 			}
 		}
-		if strings.HasSuffix(doc, "install-kubernetes.md") && (len(installs) != 1 || !reflect.DeepEqual(normalize(installs[0]), normalize(localValues))) {
-			t.Errorf("%s: the helm install shown sets %v, test/k8s installs %v", doc, installs, localValues)
+		if strings.HasSuffix(doc, "install-kubernetes.md") {
+			// The split layout's Secrets come from the overlay's file.
+			split := localSplitValues(t)
+			delete(split, "secrets")
+			if len(installs) != 2 || !reflect.DeepEqual(normalize(installs[0]), normalize(localValues)) ||
+				!reflect.DeepEqual(normalize(installs[1]), normalize(split)) {
+				t.Errorf("%s: the helm installs shown set %v, test/k8s installs %v and %v", doc, installs, localValues, split)
+			}
 		}
 	}
 }

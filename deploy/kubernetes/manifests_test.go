@@ -49,10 +49,11 @@ var variants = []struct {
 	{"kind", nil, []string{nodeName}},
 	{"kind-single", nil, []string{serverName}},
 	{"local-single", nil, []string{serverName}},
+	{"local", nil, []string{nodeName}},
 }
 
 // dirs are every kustomization, common included.
-var dirs = []string{"common", "base", "single", "kind", "kind-single", "local-single"}
+var dirs = []string{"common", "base", "single", "kind", "kind-single", "local-single", "local"}
 
 // workload is a DaemonSet, StatefulSet or Deployment.
 type workload struct {
@@ -73,7 +74,10 @@ type cluster struct {
 	Services   []corev1.Service
 	Workloads  []workload
 	Policies   []networkingv1.NetworkPolicy
-	Used       map[string]bool
+	// Volumes are PersistentVolumes an overlay brings where its cluster
+	// has no provisioner (local).
+	Volumes []corev1.PersistentVolume
+	Used    map[string]bool
 }
 
 func (c *cluster) workload(name string) (workload, bool) {
@@ -153,6 +157,11 @@ func decode(t *testing.T, objs []object, used map[string]bool) *cluster {
 			err = decodeStrict(o, &x)
 			meta = x.ObjectMeta
 			c.Workloads = append(c.Workloads, workload{Kind: "Deployment", Name: x.Name, Selector: x.Spec.Selector, Template: x.Spec.Template, Replicas: x.Spec.Replicas})
+		case "v1 PersistentVolume":
+			var x corev1.PersistentVolume
+			err = decodeStrict(o, &x)
+			meta = x.ObjectMeta
+			c.Volumes = append(c.Volumes, x)
 		case "networking.k8s.io/v1 NetworkPolicy":
 			var x networkingv1.NetworkPolicy
 			err = decodeStrict(o, &x)
@@ -168,7 +177,7 @@ func decode(t *testing.T, objs []object, used map[string]bool) *cluster {
 			t.Error(err)
 			continue
 		}
-		if o.kind() != "Namespace" && meta.Namespace != namespace {
+		if o.kind() != "Namespace" && o.kind() != "PersistentVolume" && meta.Namespace != namespace {
 			t.Errorf("%s: namespace %q, want %q", o.id(), meta.Namespace, namespace)
 		}
 		if meta.Labels["app.kubernetes.io/part-of"] != "space" {
@@ -777,8 +786,14 @@ func checkSandboxHost(t *testing.T, w workload, ct corev1.Container, flags map[s
 	if w.Kind != "DaemonSet" {
 		t.Errorf("%s: what runs a host's sandboxes must be a DaemonSet, one per host", id)
 	}
-	if ps.HostPID || ps.HostNetwork || ps.HostIPC {
-		t.Errorf("%s: must not share the host's PID, network or IPC namespace: sandboxes end with the container anyway", id)
+	// Running sandboxes outlive the pod, for the next one to re-adopt:
+	// their PID 1s in the host's PID namespace, not the container's (its
+	// end kills every process in it).
+	if !ps.HostPID {
+		t.Errorf("%s: must share the host's PID namespace (hostPID): sandboxes in the container's end with it", id)
+	}
+	if ps.HostNetwork || ps.HostIPC {
+		t.Errorf("%s: must not share the host's network or IPC namespace", id)
 	}
 	if ps.NodeSelector[nodeLabel] != "true" {
 		t.Errorf("%s: must run only on hosts labelled %s=true", id, nodeLabel)
@@ -788,17 +803,26 @@ func checkSandboxHost(t *testing.T, w workload, ct corev1.Container, flags map[s
 			t.Errorf("%s: mount %s: Bidirectional propagation would leave its mounts on the host", id, m.MountPath)
 		}
 		if strings.HasPrefix(filepath.Clean(m.MountPath), "/sys/fs/cgroup") {
-			// The runtime's own cgroup mount matches the container's cgroup
-			// namespace; the host's would not, where the pod has its own.
-			t.Errorf("%s: mount %s: must use the runtime's cgroup mount", id, m.MountPath)
+			// The runtime's own cgroup mount stays where it is; the host's
+			// tree goes beside it.
+			t.Errorf("%s: mount %s: must not cover the runtime's cgroup mount", id, m.MountPath)
 		}
+	}
+	// The sandboxes' cgroups in none of the pod's: the runtime and the
+	// kubelet kill what is left in those when the pod goes.
+	if p := flags["cgroup-parent"]; !strings.HasPrefix(p, "/") || p == "/" {
+		t.Errorf("%s: --cgroup-parent=%q: want a cgroup path outside the pod's, in the host's tree", id, p)
+	}
+	if _, v, ok := mountOf(w, ct, "/host/sys/fs/cgroup"); !ok || v.HostPath == nil || v.HostPath.Path != "/sys/fs/cgroup" {
+		t.Errorf("%s: the host's /sys/fs/cgroup is not mounted at /host/sys/fs/cgroup (--cgroup-parent needs the host's tree)", id)
 	}
 	// Templates, layers, logs and snapshots outlive the pod, on the host.
 	if _, v, ok := mountOf(w, ct, flags["data-dir"]); !ok || v.HostPath == nil || v.HostPath.Path != flags["data-dir"] {
 		t.Errorf("%s: --data-dir=%q is not the host's directory of that name", id, flags["data-dir"])
 	}
-	if m, _, ok := mountOf(w, ct, flags["run-dir"]); !ok || m.ReadOnly {
-		t.Errorf("%s: --run-dir=%q is not a writable volume", id, flags["run-dir"])
+	// The sockets of the sandboxes the next pod re-adopts.
+	if m, v, ok := mountOf(w, ct, flags["run-dir"]); !ok || m.ReadOnly || v.HostPath == nil {
+		t.Errorf("%s: --run-dir=%q is not a writable host directory", id, flags["run-dir"])
 	}
 	if flags[nameFlag] != "$(NODE_NAME)" {
 		t.Errorf("%s: --%s=%q: want the Kubernetes node name, stable across pod restarts", id, nameFlag, flags[nameFlag])
@@ -1872,6 +1896,26 @@ func TestDocumentedOverlay(t *testing.T) {
 		egress, _ := lookup(ids["NetworkPolicy/"+name], "spec", "egress").([]any)
 		if !strings.Contains(fmt.Sprint(egress), "10.0.0.2/32") {
 			t.Errorf("the documented overlay does not let %s reach the external database", name)
+		}
+	}
+}
+
+// TestLocalVolume: the local overlay's PersistentVolume is bound to the
+// claim the PostgreSQL StatefulSet makes for its one replica, and its
+// Service has the fixed address the DSN names (no DNS on that cluster).
+func TestLocalVolume(t *testing.T) {
+	c := load(t, "local")
+	pg, ok := c.workload("space-postgres")
+	if !ok || len(pg.Claims) != 1 || len(c.Volumes) != 1 {
+		t.Fatalf("want one claim of space-postgres and one PersistentVolume, have %v and %d", pg.Claims, len(c.Volumes))
+	}
+	ref := c.Volumes[0].Spec.ClaimRef
+	if want := pg.Claims[0] + "-space-postgres-0"; ref == nil || ref.Name != want || ref.Namespace != namespace {
+		t.Errorf("PersistentVolume %s is for claim %v, want %s/%s", c.Volumes[0].Name, ref, namespace, want)
+	}
+	for _, s := range c.Services {
+		if s.Name == "space-postgres" && !strings.Contains(c.Secrets["space-db"].StringData["dsn"], "@"+s.Spec.ClusterIP+":5432/") {
+			t.Errorf("space-db's DSN does not name the Service space-postgres at %s", s.Spec.ClusterIP)
 		}
 	}
 }

@@ -15,8 +15,10 @@ import (
 	"github.com/space-sandbox/space/internal/agent"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentpids"
+	"github.com/space-sandbox/space/internal/driver/namespace/agenthandoff"
 	"github.com/space-sandbox/space/internal/fdhygiene"
 	"github.com/space-sandbox/space/internal/sandboxinit"
+	"github.com/space-sandbox/space/internal/spawner"
 )
 
 // runAgent runs the in-sandbox daemon. With --init it is a sandbox's PID 1,
@@ -24,6 +26,14 @@ import (
 // with --listen it serves on a unix socket (for development and tests).
 // Run runs `space agent ARGS`; version is reported by the agent.
 func Run(args []string, version string) error {
+	// --spawner: not an agent but the namespace driver's fork helper on the
+	// host (internal/spawner), on the socket it got as fd 3.
+	if len(args) > 0 && args[0] == "--spawner" {
+		if _, err := fdhygiene.CloseStrays(spawner.HelperFD); err != nil {
+			return fmt.Errorf("spawner: close inherited descriptors: %w", err)
+		}
+		return spawner.Serve(spawner.HelperFD)
+	}
 	// Whatever the host process leaked to us (a descriptor it inherited
 	// without close-on-exec) must not reach PID 1's /proc/1/fd or any
 	// command. Only the descriptors the driver passes on purpose stay.
@@ -46,13 +56,15 @@ func Run(args []string, version string) error {
 			return err
 		}
 		ctx := context.Background()
-		srv := agent.NewServer(agent.Options{Version: version})
 		logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, "agent: "+format+"\n", a...) }
 		return sandboxinit.Run(ctx, cfg, sandboxinit.Hooks{
 			Harden: agent.HardenSelf,
 			Serve: func(ctx context.Context, l net.Listener) error {
+				// A listener the driver can take back for a CRIU dump
+				// and hand in again (package agenthandoff).
+				hl := agenthandoff.New(l)
 				agent.StartReaper(ctx)
-				return srv.Serve(ctx, l)
+				return agent.NewServer(agent.Options{Version: version, Wrap: hl.Handler}).Serve(ctx, hl)
 			},
 			Logf: logf,
 		})

@@ -49,6 +49,9 @@ type Config struct {
 	// SnapshotRuns is how many snapshot+fork pairs RunDrivers measures per
 	// driver (0 skips).
 	SnapshotRuns int `json:"snapshot_runs,omitempty"`
+	// MemSnap sizes the memory-snapshot part of RunDrivers (Runs 0
+	// skips it).
+	MemSnap MemSnapConfig `json:"mem_snapshot,omitzero"`
 	// Progress receives one line per phase step (default: dropped).
 	Progress func(format string, args ...any) `json:"-"`
 	// ServerLog receives the server's log (default: dropped).

@@ -153,16 +153,7 @@ func (c *Client) StartCreate(ctx context.Context, template string) (Sandbox, str
 // startCreate posts a create body and returns the sandbox and its
 // operation id without waiting.
 func (c *Client) startCreate(ctx context.Context, body map[string]any) (Sandbox, string, error) {
-	var ans struct {
-		Operation operation `json:"operation"`
-		Sandbox   struct {
-			ID string `json:"id"`
-		} `json:"sandbox"`
-		Session struct {
-			Token   string `json:"token"`
-			DataURL string `json:"data_url"`
-		} `json:"session"`
-	}
+	var ans sandboxAnswer
 	if err := c.do(ctx, http.MethodPost, c.base+"/v1/sandboxes", c.key, body, http.StatusAccepted, &ans); err != nil {
 		return Sandbox{}, "", err
 	}
@@ -482,20 +473,23 @@ func (c *Client) Snapshot(ctx context.Context, id string) (SnapshotInfo, error) 
 	return info, nil
 }
 
+// sandboxAnswer is a create's answer, and one sandbox of a fork's.
+type sandboxAnswer struct {
+	Operation operation `json:"operation"`
+	Sandbox   struct {
+		ID string `json:"id"`
+	} `json:"sandbox"`
+	Session struct {
+		Token   string `json:"token"`
+		DataURL string `json:"data_url"`
+	} `json:"session"`
+}
+
 // Fork starts one sandbox from a snapshot (POST /v1/snapshots/{id}/fork
 // {"count":1}) and waits until it runs.
 func (c *Client) Fork(ctx context.Context, snapshotID string) (Sandbox, error) {
 	var ans struct {
-		Sandboxes []struct {
-			Operation operation `json:"operation"`
-			Sandbox   struct {
-				ID string `json:"id"`
-			} `json:"sandbox"`
-			Session struct {
-				Token   string `json:"token"`
-				DataURL string `json:"data_url"`
-			} `json:"session"`
-		} `json:"sandboxes"`
+		Sandboxes []sandboxAnswer `json:"sandboxes"`
 	}
 	if err := c.do(ctx, http.MethodPost, c.base+"/v1/snapshots/"+url.PathEscape(snapshotID)+"/fork", c.key, map[string]any{"count": 1}, http.StatusAccepted, &ans); err != nil {
 		return Sandbox{}, err

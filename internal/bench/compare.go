@@ -31,6 +31,8 @@ type DriverResult struct {
 	SnapshotKind string   `json:"snapshot_kind,omitempty"`
 	ImageBytes   int64    `json:"process_image_bytes,omitempty"`
 	StoredBytes  int64    `json:"first_snapshot_bytes_stored,omitempty"`
+	// MemSnap is the memory-snapshot part (cfg.MemSnap).
+	MemSnap *MemSnapResult `json:"memory_snapshots,omitempty"`
 	// Concurrency is the full-cycle phase at each of cfg.Clients.
 	Concurrency []ConcurrencyLevel `json:"concurrency,omitempty"`
 	Errors      []string           `json:"errors,omitempty"`
@@ -51,7 +53,9 @@ type Comparison struct {
 // create (cfg.N, when cfg.WarmPool > 0), the exec round trip
 // (cfg.ExecRuns), full cycles at each of cfg.Clients concurrent clients
 // and, for gvisor, cfg.SnapshotRuns snapshot+fork pairs
-// through the snapshot API with the process image's size. Idle memory,
+// through the snapshot API with the process image's size, and the
+// memory-snapshot part (cfg.MemSnap, for a driver whose snapshots hold
+// processes). Idle memory,
 // stdout throughput and crun are not part of it (`space bench` alone).
 // It returns what it measured even when a driver failed.
 func RunDrivers(ctx context.Context, cfg Config, drivers []string) (*Comparison, error) {
@@ -117,6 +121,7 @@ func runDriver(ctx context.Context, cfg Config, drv string) (DriverResult, error
 		return
 	})
 	phase("snapshot + fork", cfg.SnapshotRuns <= 0 || drv != gvisor.Name, func() error { return runSnapshots(ctx, env, cfg.SnapshotRuns, &dr) })
+	phase("memory snapshots", cfg.MemSnap.Runs <= 0, func() (err error) { dr.MemSnap, err = runMemSnap(ctx, env, cfg.MemSnap); return })
 	cfg.Progress("%s: cleaning up", drv)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 	defer cancel()
@@ -262,6 +267,7 @@ func WriteComparison(w io.Writer, c *Comparison) error {
 		}
 		return fmt.Sprintf("%.1f", float64(d.StoredBytes)/(1<<20))
 	})
+	writeMemSnapRows(row, sum)
 	row("errors", func(d DriverResult) string {
 		if len(d.Errors) == 0 {
 			return "none"

@@ -15,19 +15,7 @@ import (
 // smallest size: every phase yields a number, gvisor's snapshots carry
 // the process image, the table names both, and nothing is left behind.
 func TestRunDrivers(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two servers and sandboxes")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("the drivers need root")
-	}
-	if _, err := gvisor.FindRunsc(os.Getenv("SPACE_RUNSC")); err != nil {
-		t.Skipf("gvisor driver unavailable: %v", err)
-	}
-	agentBin.once.Do(buildAgent)
-	if agentBin.err != nil {
-		t.Fatal(agentBin.err)
-	}
+	needGvisor(t, "starts two servers and sandboxes")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := Config{N: 2, ExecRuns: 3, WarmPool: 1, SnapshotRuns: 1, AgentPath: agentBin.path, Runsc: os.Getenv("SPACE_RUNSC")}

@@ -58,14 +58,38 @@ func RunCrun(ctx context.Context, rootfs, workDir string, runs int) (*CrunResult
 	}
 	ch := make(chan outcome, 1)
 	go func() {
-		// Never unlocked: the thread, and the mount namespace it unshares,
-		// end with this goroutine.
+		// Never unlocked: the thread ends with this goroutine. Where that
+		// thread is the process's main one, the runtime parks it instead,
+		// and /proc/self (the main thread's view) would show the private
+		// mount namespace to every later reader, e.g. a gVisor sandbox's
+		// destroy looking for its mounts: crunLoop returns the thread to
+		// its own namespace first (inOwnMountNS).
 		runtime.LockOSThread()
-		err := crunLoop(ctx, bin, dir, bundle, cgParent, runs, res)
+		err := inOwnMountNS(func() error { return crunLoop(ctx, bin, dir, bundle, cgParent, runs, res) })
 		ch <- outcome{res, err}
 	}()
 	o := <-ch
 	return o.res, o.err
+}
+
+// inOwnMountNS runs fn, which may unshare this locked thread's mount
+// namespace, and then puts the thread back into the namespace it had.
+// setns(CLONE_NEWNS) needs a thread that shares no fs struct, which the
+// unshare gave it; a thread that never unshared is left as it is.
+func inOwnMountNS(fn func() error) error {
+	own, err := os.Open("/proc/thread-self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("crun: own mount namespace: %w", err)
+	}
+	defer own.Close()
+	before, _ := os.Readlink("/proc/thread-self/ns/mnt")
+	err = fn()
+	if now, _ := os.Readlink("/proc/thread-self/ns/mnt"); now != before {
+		if serr := unix.Setns(int(own.Fd()), unix.CLONE_NEWNS); serr != nil {
+			return errors.Join(err, fmt.Errorf("crun: back to the process's mount namespace: %w", serr))
+		}
+	}
+	return err
 }
 
 // crunLoop runs on a locked OS thread.

@@ -135,6 +135,9 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Driver = o.Driver
 	cfg.Runsc = o.Runsc
+	// The memory-snapshot part measures the namespace driver's CRIU
+	// checkpoints where CRIU works (opt-in on a server).
+	cfg.NamespaceCRIU = true
 	cfg.AgentPath = o.AgentPath
 	cfg.Builtins = []string{WarmTemplate}
 	cfg.WarmPool = o.WarmPool

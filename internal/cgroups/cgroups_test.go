@@ -2,6 +2,7 @@ package cgroups
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const hybridMountinfo = `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
@@ -429,5 +432,190 @@ func TestEvacuate(t *testing.T) {
 		if !slices.Contains(got, fmt.Sprint(c.Process.Pid)) {
 			t.Errorf("pid %d not moved to the leaf (leaf has %v)", c.Process.Pid, got)
 		}
+	}
+}
+
+// TestNewUnderInPod: a node in a pod (v1 hierarchies bound at the pod
+// container's own subtree, the host's tree mounted at /host/cgroup) puts
+// sandboxes below the fixed parent through the host's mounts, in every v1
+// hierarchy (the runtime and the kubelet kill what is left in any of the
+// pod's groups), and never through the pod's own subtree.
+func TestNewUnderInPod(t *testing.T) {
+	pod := "/space-k8s/kubepods/pod1/ctr"
+	mi := ""
+	for i, c := range []string{"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "pids", "name=systemd"} {
+		dir := strings.TrimPrefix(c, "name=")
+		mi += fmt.Sprintf("%d 30 0:%d %s /sys/fs/cgroup/%s rw - cgroup cgroup rw,%s\n", 100+i, 40+i, pod, dir, c)
+		mi += fmt.Sprintf("%d 30 0:%d / /host/cgroup/%s rw - cgroup cgroup rw,%s\n", 200+i, 40+i, dir, c)
+	}
+	mi += "300 30 0:60 / /host/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+	m, err := NewUnderFromTables([]byte(mi), "/space-k8s/space-sandboxes", "space")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Layout() != LayoutHybrid {
+		t.Fatalf("layout %v", m.Layout())
+	}
+	p := m.Paths("sbx1")
+	if len(p.Dirs) != 9 {
+		t.Fatalf("%d dirs, want one per hierarchy (9): %v", len(p.Dirs), p.Dirs)
+	}
+	for _, d := range p.Dirs {
+		if !strings.HasPrefix(d, "/host/cgroup/") || !strings.HasSuffix(d, "/space-k8s/space-sandboxes/space/sbx1") {
+			t.Errorf("dir %s is not below the host's /space-k8s/space-sandboxes", d)
+		}
+	}
+	if p.Memory != "/host/cgroup/memory/space-k8s/space-sandboxes/space/sbx1" || p.Freezer != "" ||
+		p.Unified != "/host/cgroup/unified/space-k8s/space-sandboxes/space/sbx1" {
+		t.Errorf("paths %+v", p)
+	}
+	if err := m.Validate(p, "sbx1"); err != nil {
+		t.Fatal(err)
+	}
+	// A mount rooted at an ancestor of the parent reaches it too.
+	m, err = NewUnderFromTables([]byte("1 30 0:36 /space-k8s /c rw - cgroup2 cgroup2 rw\n"), "/space-k8s/sb", "space")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Paths("x").Unified; got != "/c/sb/space/x" {
+		t.Errorf("unified %q", got)
+	}
+	// Only the pod's own subtree: nothing reaches the parent.
+	if _, err := NewUnderFromTables([]byte("1 30 0:36 "+pod+" /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"), "/space-sandboxes", ""); err == nil {
+		t.Error("NewUnder found a way to the parent through the pod's own subtree")
+	}
+	for _, bad := range []string{"", "/", "rel/x", "/a/../b"} {
+		if _, err := NewUnderFromTables([]byte(mi), bad, ""); err == nil {
+			t.Errorf("parent %q accepted", bad)
+		}
+	}
+}
+
+// TestExecInHostNamespace: a process in a cgroup namespace of its own
+// (unshare --cgroup, as a pod's container on a cgroup v2 host) re-executes
+// itself in PID 1's and runs on there, with its arguments. PID 1 is a shell
+// in a PID namespace of the test's (the host's PID 1 may be out of reach).
+func TestExecInHostNamespace(t *testing.T) {
+	if os.Getenv("SPACE_TEST_HOSTNS_CHILD") == "1" {
+		if err := ExecInHostNamespace(); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		ns, _ := os.Readlink("/proc/self/ns/cgroup")
+		pid1, _ := os.Readlink("/proc/1/ns/cgroup")
+		fmt.Printf("same=%v reexec=%s args=%d\n", ns == pid1 && ns != "", os.Getenv(hostNSEnv), len(os.Args))
+		os.Exit(0)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (namespaces)")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare (util-linux)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-test.run=^TestExecInHostNamespace$", "-test.count=1"}
+	// PID 1 (sh) stays in the test's cgroup namespace; its child gets its own.
+	cmd := exec.Command(unshare, append([]string{"--pid", "--fork", "--mount-proc", "sh", "-c",
+		`ns=$(readlink /proc/self/ns/cgroup); unshare --cgroup sh -c '[ "$(readlink /proc/self/ns/cgroup)" != "$0" ] || exit 9; exec "$@"' "$ns" "$@"`, "sh", self}, args...)...)
+	cmd.Env = append(os.Environ(), "SPACE_TEST_HOSTNS_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := fmt.Sprintf("same=true reexec=1 args=%d\n", len(args)+1)
+	if string(out) != want {
+		t.Fatalf("child says %q, want %q", out, want)
+	}
+}
+
+// TestNewUnderReal puts a sleeping process in a group below a fixed parent
+// on this host's real cgroups: it leaves its own group in every hierarchy
+// (cpuset included, whose new groups start empty) for the parent's, and
+// the groups and the parent go again.
+func TestNewUnderReal(t *testing.T) {
+	requireRoot(t)
+	parent := fmt.Sprintf("/space-test-under-%d", os.Getpid())
+	m, err := NewUnder(parent, "t")
+	if err != nil {
+		t.Skip("no cgroups:", err)
+	}
+	t.Log(m)
+	defer func() {
+		m.RemoveBase()
+		for _, h := range m.hier {
+			if err := unix.Rmdir(filepath.Dir(h.base)); err != nil && !errors.Is(err, unix.ENOENT) {
+				t.Errorf("parent %s: %v", filepath.Dir(h.base), err)
+			}
+		}
+	}()
+	g, err := m.Create("sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	defer g.Destroy(ctx)
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	if err := g.Attach(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if strings.HasSuffix(line, ":"+parent+"/t/sbx") {
+			in++
+		}
+	}
+	if in != len(m.hier) {
+		t.Errorf("in %d of the %d hierarchies' groups:\n%s", in, len(m.hier), raw)
+	}
+	if err := g.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNewUnderV2Fake: on a v2 host the controllers are enabled from the
+// hierarchy's root down through the parent to the base, so that a
+// sandbox's group below the base gets its limits (a fake tree: the kernel
+// keeps cgroup.subtree_control in every group).
+func TestNewUnderV2Fake(t *testing.T) {
+	files := map[string]string{"cgroup.controllers": "cpuset cpu io memory pids"}
+	for _, d := range []string{".", "sb", "sb/pods", "sb/pods/space", "sb/pods/space/s"} {
+		files[filepath.Join(d, "cgroup.subtree_control")] = ""
+	}
+	for _, f := range []string{"memory.max", "memory.swap.max", "cpu.max", "pids.max", "cgroup.procs"} {
+		files["sb/pods/space/s/"+f] = ""
+	}
+	root := fakeTree(t, files)
+	m, err := NewUnderFromTables([]byte(fmt.Sprintf("1 0 0:1 / %s rw - cgroup2 cgroup2 rw,nsdelegate\n", root)), "/sb/pods", "space")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Create("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{".", "sb", "sb/pods", "sb/pods/space"} {
+		if got := read(t, filepath.Join(root, d, "cgroup.subtree_control")); got != "+cpu +memory +pids" {
+			t.Errorf("%s/cgroup.subtree_control: %q, want the controllers enabled", d, got)
+		}
+	}
+	if err := g.SetLimits(Limits{MemoryBytes: 64 << 20, CPUMillis: 500, Pids: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, filepath.Join(root, "sb/pods/space/s/memory.max")); got != "67108864" {
+		t.Errorf("memory.max %q", got)
 	}
 }

@@ -150,6 +150,12 @@ type hierarchy struct {
 	base        string   // <mount>/<own path>/space
 	controllers []string // wanted controllers it carries (empty for v2 in hybrid)
 	v2          bool
+	// cpuset: a v1 hierarchy with the cpuset controller, whose new groups
+	// start with no CPUs and no memory nodes (NewUnder only).
+	cpuset bool
+	// top and rel: the mount point and the parent's path below it, for
+	// NewUnder's groups (made one level at a time).
+	top, rel string
 }
 
 // Manager creates per-sandbox groups. It is safe for concurrent use.
@@ -164,6 +170,10 @@ type Manager struct {
 	// unit is the node's own v2 cgroup when it is a systemd service's and
 	// the node does not run in its leaf (see RestartWarning).
 	unit string
+
+	// parent is the fixed cgroup path groups go below (NewUnder), "" for
+	// the node's own cgroup.
+	parent string
 
 	baseMu   sync.Mutex
 	baseDone bool
@@ -184,6 +194,107 @@ func New(base string) (*Manager, error) {
 	}
 	return NewFromTables(mi, cg, base)
 }
+
+// NewUnder is New with groups below the fixed cgroup path parent (absolute
+// from each hierarchy's root, e.g. /space-sandboxes) instead of the node's
+// own cgroup, in every v1 hierarchy mounted with its root visible (not only
+// the limited controllers'), and the unified one. A node in a Kubernetes
+// pod uses it, with the host's cgroup tree mounted in the pod, so that its
+// sandboxes are in none of the pod's cgroups: the runtime and the kubelet
+// kill whatever is in those when the pod goes, and the sandboxes must
+// outlive it for the next pod to re-adopt them.
+func NewUnder(parent, base string) (*Manager, error) {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	return NewUnderFromTables(mi, parent, base)
+}
+
+// NewUnderFromTables is NewUnder with a given mountinfo table.
+func NewUnderFromTables(mountinfo []byte, parent, base string) (*Manager, error) {
+	if base == "" {
+		base = DefaultBase
+	}
+	if !baseRE.MatchString(base) {
+		return nil, fmt.Errorf("cgroups: invalid base %q", base)
+	}
+	if !filepath.IsAbs(parent) || filepath.Clean(parent) != parent || parent == "/" {
+		return nil, fmt.Errorf("cgroups: parent %q must be a clean absolute cgroup path below the root", parent)
+	}
+	mounts, err := parseMountinfo(mountinfo)
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: mountinfo: %w", err)
+	}
+	m := &Manager{base: base, parent: parent}
+	seenV1 := map[string]bool{}
+	var haveV1, haveV2 bool
+	for _, mt := range mounts {
+		m.mounts = append(m.mounts, mt.point)
+		// A mount of a container's own subtree cannot reach parent.
+		rel, ok := strings.CutPrefix(parent, mt.root)
+		if mt.root != "/" && (!ok || (rel != "" && rel[0] != '/')) {
+			continue
+		}
+		if mt.root == "/" {
+			rel = parent
+		}
+		dir := filepath.Join(mt.point, rel, base)
+		if mt.v2 {
+			if haveV2 {
+				continue
+			}
+			haveV2 = true
+			m.hier = append(m.hier, hierarchy{base: dir, v2: true, top: mt.point, rel: rel})
+			m.v2ctl = v2Controllers(mt.point)
+			continue
+		}
+		// The hierarchy's identity is its controllers (or name=): the same
+		// one may be mounted twice (the pod's view and the host's).
+		var ctls []string
+		id := ""
+		cpuset := false
+		for _, o := range mt.opts {
+			switch {
+			case strings.HasPrefix(o, "name="):
+				id += o + ","
+			case slices.Contains(v1Controllers, o):
+				id += o + ","
+				cpuset = cpuset || o == "cpuset"
+				if slices.Contains(wanted, o) {
+					ctls = append(ctls, o)
+				}
+			}
+		}
+		if id == "" || seenV1[id] {
+			continue
+		}
+		seenV1[id] = true
+		haveV1 = true
+		m.hier = append(m.hier, hierarchy{base: dir, controllers: ctls, cpuset: cpuset, top: mt.point, rel: rel})
+	}
+	if haveV2 {
+		// The v1 freezer's hierarchy stays (the pod's cgroups are in it
+		// too); only the controller goes, cgroup.freeze does its job.
+		for i := range m.hier {
+			if !m.hier[i].v2 {
+				m.hier[i].controllers = slices.DeleteFunc(m.hier[i].controllers, func(c string) bool { return c == "freezer" })
+			}
+		}
+	}
+	onV1 := func(c string) bool {
+		return slices.ContainsFunc(m.hier, func(h hierarchy) bool { return !h.v2 && slices.Contains(h.controllers, c) })
+	}
+	if err := m.settle(haveV1, haveV2, onV1); err != nil {
+		return nil, fmt.Errorf("%w from which %s is reachable (mount the host's cgroup tree)", err, parent)
+	}
+	return m, nil
+}
+
+// v1Controllers are the v1 controllers a hierarchy may carry (NewUnder
+// moves sandboxes out of the pod's group in each).
+var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls", "net_prio",
+	"blkio", "perf_event", "hugetlb", "pids", "rdma", "misc"}
 
 // NewFromTables builds a manager from a mountinfo and a /proc/<pid>/cgroup
 // table (New reads the process's own; tests pass their own).
@@ -241,6 +352,19 @@ func NewFromTables(mountinfo, procCgroup []byte, base string) (*Manager, error) 
 		haveV1 = true
 		m.hier = append(m.hier, hierarchy{base: filepath.Join(join(mt, path), base), controllers: ctls})
 	}
+	if haveV2 {
+		m.dropFreezerV1()
+	}
+	if err := m.settle(haveV1, haveV2, func(c string) bool { return seen[c] }); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// settle sets the layout from the hierarchies found (ErrNoCgroups without
+// any) and gives every controller exactly one home: one bound to v1
+// (onV1) cannot also be on v2, so it leaves the v2 list.
+func (m *Manager) settle(haveV1, haveV2 bool, onV1 func(c string) bool) error {
 	switch {
 	case haveV1 && haveV2:
 		m.layout = LayoutHybrid
@@ -249,16 +373,11 @@ func NewFromTables(mountinfo, procCgroup []byte, base string) (*Manager, error) 
 	case haveV2:
 		m.layout = LayoutV2
 	default:
-		return nil, ErrNoCgroups
+		return ErrNoCgroups
 	}
-	if haveV2 {
-		m.dropFreezerV1()
-	}
-	// A controller bound to v1 cannot also be on v2; drop any overlap so
-	// every controller has exactly one home.
 	var v2 []string
 	for _, c := range m.v2ctl {
-		if !seen[c] {
+		if !onV1(c) {
 			v2 = append(v2, c)
 		}
 	}
@@ -268,7 +387,7 @@ func NewFromTables(mountinfo, procCgroup []byte, base string) (*Manager, error) 
 			m.hier[i].controllers = v2
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // dropFreezerV1 removes the v1 freezer hierarchy (or just the controller
@@ -346,6 +465,9 @@ func (m *Manager) String() string {
 	b.WriteString(m.layout.String())
 	for _, h := range m.hier {
 		name := strings.Join(h.controllers, ",")
+		if name == "" && !h.v2 {
+			name = "(" + filepath.Base(h.top) + ")" // a NewUnder hierarchy without a limit
+		}
 		if h.v2 {
 			name = "unified[" + name + "]"
 		}

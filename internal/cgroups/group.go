@@ -100,7 +100,23 @@ func (m *Manager) ensureBase() error {
 	if m.baseDone {
 		return nil
 	}
+	if m.parent != "" {
+		if err := m.makeParent(); err != nil {
+			return err
+		}
+	}
 	for _, h := range m.hier {
+		if m.parent != "" {
+			if err := mkGroup(h, h.base); err != nil {
+				return err
+			}
+			if h.v2 && len(h.controllers) > 0 {
+				if err := enable(h.base, h.controllers); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		if h.v2 && len(h.controllers) > 0 {
 			// Parent first: a controller can only be enabled below a cgroup
 			// that has it enabled itself.
@@ -118,6 +134,60 @@ func (m *Manager) ensureBase() error {
 		}
 	}
 	m.baseDone = true
+	return nil
+}
+
+// makeParent creates the fixed parent (NewUnder) and the dirs above it in
+// every hierarchy, and on v2 enables the controllers from the root down to
+// the parent (ensureBase enables them in the base).
+func (m *Manager) makeParent() error {
+	for _, h := range m.hier {
+		dir := h.top
+		for _, el := range strings.Split(strings.Trim(h.rel, "/"), "/") {
+			if el == "" {
+				continue
+			}
+			if h.v2 && len(h.controllers) > 0 {
+				if err := enable(dir, h.controllers); err != nil {
+					return err
+				}
+			}
+			dir = filepath.Join(dir, el)
+			if err := mkGroup(h, dir); err != nil {
+				return err
+			}
+		}
+		if h.v2 && len(h.controllers) > 0 {
+			if err := enable(dir, h.controllers); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mkGroup makes one group dir of h (an existing one is fine), giving a new
+// v1 cpuset group its parent's CPUs and memory nodes: it starts with none,
+// and a process cannot join it before it has some.
+func mkGroup(h hierarchy, dir string) error {
+	err := os.Mkdir(dir, 0o755)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	if h.cpuset {
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+			if err != nil {
+				return fmt.Errorf("cgroups: %w", err)
+			}
+			if err := write(filepath.Join(dir, f), strings.TrimSpace(string(v))); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -193,7 +263,7 @@ func (m *Manager) Create(id string) (*Group, error) {
 	}
 	p := m.Paths(id)
 	for i, dir := range p.Dirs {
-		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := mkGroup(m.hier[i], dir); err != nil {
 			for _, d := range p.Dirs[:i] {
 				_ = unix.Rmdir(d)
 			}

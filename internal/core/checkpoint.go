@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -23,6 +24,12 @@ const (
 	checkpointRebase = 32
 	// checkpointName names the snapshots the server takes as checkpoints.
 	checkpointName = "checkpoint"
+	// checkpointsPerNode bounds the automatic checkpoints one replica runs
+	// at once on one node: each freezes its sandbox and (with process
+	// images) runs a CRIU or runsc dump, so every sandbox of a node due at
+	// the same tick would take the node's CPUs from its sandboxes and from
+	// a drain. The ones left wait for a later tick, longest overdue first.
+	checkpointsPerNode = 2
 )
 
 // Relocator is implemented by runtimes that can start a sandbox of a lost
@@ -63,14 +70,20 @@ func (s *Service) validateCheckpoint(req *CreateRequest) error {
 	return nil
 }
 
-// CheckpointDue starts a checkpoint of every running sandbox whose interval
-// has passed since its last one (or its creation). One replica calls it
+// CheckpointDue starts a checkpoint of the running sandboxes whose interval
+// has passed since their last one (or their creation), longest overdue
+// first, at most checkpointsPerNode at once per node. One replica calls it
 // (the reaper's); a sandbox whose checkpoint is still running is skipped.
 func (s *Service) CheckpointDue(ctx context.Context) {
 	if _, ok := s.runtime.(Relocator); !ok {
 		return
 	}
 	now := s.opts.Now()
+	type due struct {
+		sb   Sandbox
+		last time.Time
+	}
+	var all []due
 	for after := ""; ; {
 		page, err := s.store.ListSandboxes(ctx, SandboxFilter{After: after, Limit: 500, States: []SandboxState{SandboxRunning}})
 		if err != nil {
@@ -85,23 +98,55 @@ func (s *Service) CheckpointDue(ctx context.Context) {
 			if sb.CheckpointAt != nil {
 				last = *sb.CheckpointAt
 			}
-			if now.Sub(last) < time.Duration(sb.CheckpointSeconds)*time.Second {
-				continue
-			}
-			if _, busy := s.ckptBusy.LoadOrStore(sb.ID, true); busy {
-				continue
-			}
-			if err := s.checkpoint(ctx, sb); err != nil {
-				s.ckptBusy.Delete(sb.ID)
-				if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
-					s.opts.Logf("sandbox %s: checkpoint: %v", sb.ID, err)
-				}
+			if now.Sub(last) >= time.Duration(sb.CheckpointSeconds)*time.Second {
+				all = append(all, due{sb, last})
 			}
 		}
 		if len(page) < 500 {
-			return
+			break
 		}
 		after = page[len(page)-1].ID
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].last.Before(all[j].last) })
+	for _, d := range all {
+		sb := d.sb
+		if !s.takeCheckpointSlot(sb.Node) {
+			continue
+		}
+		if _, busy := s.ckptBusy.LoadOrStore(sb.ID, true); busy {
+			s.releaseCheckpointSlot(sb.Node)
+			continue
+		}
+		if err := s.checkpoint(ctx, sb); err != nil {
+			s.ckptBusy.Delete(sb.ID)
+			s.releaseCheckpointSlot(sb.Node)
+			if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrNotFound) {
+				s.opts.Logf("sandbox %s: checkpoint: %v", sb.ID, err)
+			}
+		}
+	}
+}
+
+// takeCheckpointSlot reports whether node has room for one more automatic
+// checkpoint of this process, and takes it.
+func (s *Service) takeCheckpointSlot(node string) bool {
+	s.ckptMu.Lock()
+	defer s.ckptMu.Unlock()
+	if s.ckptNode == nil {
+		s.ckptNode = map[string]int{}
+	}
+	if s.ckptNode[node] >= checkpointsPerNode {
+		return false
+	}
+	s.ckptNode[node]++
+	return true
+}
+
+func (s *Service) releaseCheckpointSlot(node string) {
+	s.ckptMu.Lock()
+	defer s.ckptMu.Unlock()
+	if s.ckptNode[node]--; s.ckptNode[node] <= 0 {
+		delete(s.ckptNode, node)
 	}
 }
 
@@ -123,6 +168,7 @@ func (s *Service) checkpoint(ctx context.Context, sb Sandbox) error {
 		return err
 	}
 	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
+		defer s.releaseCheckpointSlot(sb.Node)
 		defer s.ckptBusy.Delete(sb.ID)
 		full := sb.Checkpoints > 0 && sb.Checkpoints%checkpointRebase == 0
 		out, err := s.runCapture(ctx, sr, snap, full, progress)

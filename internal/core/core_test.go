@@ -187,3 +187,35 @@ func TestEngineWaitOwnOperationWithoutReads(t *testing.T) {
 		t.Fatalf("the wait's outcome %+v differs from the stored one %+v (%v)", got, stored, err)
 	}
 }
+
+// TestEngineDrain: Drain waits for running operations without cancelling
+// them (a replica leaving in a rolling restart), and gives up with ctx.
+func TestEngineDrain(t *testing.T) {
+	e, _, st := newEngine(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	op, err := e.Submit(ctx, e.NewOperation("p", "sandbox.create", "sbx-1"), "", func(ctx context.Context, progress core.Progress) (any, error) {
+		select {
+		case <-release:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if n := e.Drain(short); n != 1 {
+		t.Fatalf("Drain past its deadline: %d running, want 1", n)
+	}
+	close(release)
+	if n := e.Drain(ctx); n != 0 {
+		t.Fatalf("Drain: %d running, want 0", n)
+	}
+	got, err := st.GetOperation(ctx, "p", op.ID)
+	if err != nil || got.State != core.OpSucceeded {
+		t.Fatalf("the drained operation: %+v %v", got, err)
+	}
+}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -68,6 +69,82 @@ func UpdateOperationEvent(ctx context.Context, st Store, op Operation, e Event) 
 		return e, err
 	}
 	return st.AppendEvent(ctx, e)
+}
+
+// RecordEvents is implemented by stores that write a sandbox or operation
+// record and the events it causes in one transaction: one commit where a
+// write and a Publish made two. A sandbox's create and delete cause three
+// such pairs each (stop 37, docs/PERFORMANCE.md). Events are appended in
+// the order given and only when the record is written.
+type RecordEvents interface {
+	// CreateSandboxOpEvents is CreateSandboxOp that, when it creates, also
+	// appends evs.
+	CreateSandboxOpEvents(ctx context.Context, s Sandbox, op Operation, idemKey string, evs []Event) (Operation, bool, error)
+	// CreateOperationEvent is CreateOperation that, when it creates, also
+	// appends e.
+	CreateOperationEvent(ctx context.Context, op Operation, idemKey string, e Event) (Operation, bool, error)
+	// UpdateSandboxEvent is UpdateSandbox that also appends the event ev
+	// makes of the updated record.
+	UpdateSandboxEvent(ctx context.Context, id string, fn func(*Sandbox) error, ev func(Sandbox) (Event, error)) (Sandbox, error)
+}
+
+// CreateSandboxOpEvents stores sb and op and, when it creates them, appends
+// evs: in one transaction when st implements RecordEvents.
+func CreateSandboxOpEvents(ctx context.Context, st Store, sb Sandbox, op Operation, idemKey string, evs []Event) (Operation, bool, error) {
+	if re, ok := st.(RecordEvents); ok {
+		return re.CreateSandboxOpEvents(ctx, sb, op, idemKey, evs)
+	}
+	stored, created, err := st.CreateSandboxOp(ctx, sb, op, idemKey)
+	if err != nil || !created {
+		return stored, created, err
+	}
+	return stored, true, appendEvents(ctx, st, evs)
+}
+
+// CreateOperationEvent stores op and, when it creates it, appends e: in one
+// transaction when st implements RecordEvents.
+func CreateOperationEvent(ctx context.Context, st Store, op Operation, idemKey string, e Event) (Operation, bool, error) {
+	if re, ok := st.(RecordEvents); ok {
+		return re.CreateOperationEvent(ctx, op, idemKey, e)
+	}
+	stored, created, err := st.CreateOperation(ctx, op, idemKey)
+	if err != nil || !created {
+		return stored, created, err
+	}
+	return stored, true, appendEvents(ctx, st, []Event{e})
+}
+
+// UpdateSandboxEvent applies fn to a sandbox and appends the event ev makes
+// of the result: in one transaction when st implements RecordEvents.
+func UpdateSandboxEvent(ctx context.Context, st Store, id string, fn func(*Sandbox) error, ev func(Sandbox) (Event, error)) (Sandbox, error) {
+	if re, ok := st.(RecordEvents); ok {
+		return re.UpdateSandboxEvent(ctx, id, fn, ev)
+	}
+	sb, err := st.UpdateSandbox(ctx, id, fn)
+	if err != nil {
+		return sb, err
+	}
+	e, err := ev(sb)
+	if err != nil {
+		return sb, err
+	}
+	return sb, appendEvents(ctx, st, []Event{e})
+}
+
+// errEventNotStored wraps the error of an event that the fallback of the
+// functions above failed to append after it wrote the record: the record
+// stands (as after a failed Publish), and the caller logs the event's
+// error and goes on.
+var errEventNotStored = errors.New("record stored, its event not")
+
+// appendEvents is the fallback of the functions above.
+func appendEvents(ctx context.Context, st Store, evs []Event) error {
+	for _, e := range evs {
+		if _, err := st.AppendEvent(ctx, e); err != nil {
+			return fmt.Errorf("%w: %w", errEventNotStored, err)
+		}
+	}
+	return nil
 }
 
 // EventWatcher is implemented by stores that several servers share (the

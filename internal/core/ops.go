@@ -148,7 +148,30 @@ func DecodeOperation(doc []byte) (Operation, error) {
 // idempotency key already used, it returns the first operation (the same
 // request) or ErrIdempotencyReused (another one), and runs nothing.
 func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn OpFunc) (Operation, error) {
-	stored, created, err := e.store.CreateOperation(ctx, op, idemKey)
+	return e.SubmitWith(ctx, op, idemKey, Step{}, fn)
+}
+
+// Step is an operation's progress and message. Given to StartWith or
+// SubmitWith, it is stored with the running state in that one write, where
+// a first progress call would be a second write (and event) right after
+// it: the create and delete of a sandbox, the hot path, do so.
+type Step struct {
+	Progress int
+	Message  string
+}
+
+// SubmitWith is Submit with the operation's first step.
+func (e *Engine) SubmitWith(ctx context.Context, op Operation, idemKey string, first Step, fn OpFunc) (Operation, error) {
+	ev, err := e.PendingEvent(op)
+	if err != nil {
+		return op, err
+	}
+	// The record and its pending event in one write (RecordEvents).
+	stored, created, err := CreateOperationEvent(ctx, e.store, op, idemKey, ev)
+	if errors.Is(err, errEventNotStored) {
+		e.log.LogAttrs(ctx, slog.LevelWarn, "operation publish failed", append(opAttrs(op), slog.String("error", err.Error()))...)
+		err = nil
+	}
 	if err != nil {
 		return op, err
 	}
@@ -158,8 +181,22 @@ func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn Op
 		}
 		return stored, nil
 	}
-	e.Start(ctx, stored, fn)
+	e.broker.Wake(op.ProjectID)
+	e.startWith(ctx, stored, first, fn, false)
 	return stored, nil
+}
+
+// PendingEvent is the operation.updated event StartWith publishes for op,
+// for a caller that stores it with op's record (RecordEvents) and then
+// runs op with StartStored.
+func (e *Engine) PendingEvent(op Operation) (Event, error) {
+	return e.broker.NewEvent(op.ProjectID, "operation.updated", sandboxTarget(op), op.ID, op)
+}
+
+// StartStored is StartWith for an operation whose pending event is
+// already stored (PendingEvent).
+func (e *Engine) StartStored(ctx context.Context, op Operation, first Step, fn OpFunc) {
+	e.startWith(ctx, op, first, fn, false)
 }
 
 // Start runs fn for an operation that is already stored as pending. ctx is
@@ -167,7 +204,18 @@ func (e *Engine) Submit(ctx context.Context, op Operation, idemKey string, fn Op
 // operation's log records and the node calls it makes; the work runs under
 // the engine's own context.
 func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
-	e.publish(op)
+	e.StartWith(ctx, op, Step{}, fn)
+}
+
+// StartWith is Start with the operation's first step (see Step).
+func (e *Engine) StartWith(ctx context.Context, op Operation, first Step, fn OpFunc) {
+	e.startWith(ctx, op, first, fn, true)
+}
+
+func (e *Engine) startWith(ctx context.Context, op Operation, first Step, fn OpFunc, publish bool) {
+	if publish {
+		e.publish(op)
+	}
 	e.mu.Lock()
 	e.running[op.ID] = op
 	end := &opEnd{done: make(chan struct{})}
@@ -183,17 +231,20 @@ func (e *Engine) Start(ctx context.Context, op Operation, fn OpFunc) {
 			e.mu.Unlock()
 			close(end.done)
 		}()
-		e.run(audit.RequestID(ctx), op, fn, end)
+		e.run(audit.RequestID(ctx), op, first, fn, end)
 	}()
 }
 
-func (e *Engine) run(requestID string, op Operation, fn OpFunc, end *opEnd) {
+func (e *Engine) run(requestID string, op Operation, first Step, fn OpFunc, end *opEnd) {
 	ctx := e.ctx
 	if requestID != "" {
 		ctx = audit.WithRequestID(ctx, requestID)
 	}
 	t0 := e.now()
 	op.State = OpRunning
+	if first != (Step{}) {
+		op.Progress, op.Message = min(max(first.Progress, 0), 99), first.Message
+	}
 	e.save(op)
 	var mu sync.Mutex
 	progress := func(pct int, msg string) {
@@ -347,6 +398,26 @@ func (e *Engine) Running() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.running)
+}
+
+// Drain waits, without cancelling them, until no operation runs or ctx
+// ends, and returns how many still run. A server that goes away on purpose
+// (a rolling restart of the replicas) drains before Shutdown, so the
+// operations it accepted end as they would have instead of cancelled.
+func (e *Engine) Drain(ctx context.Context) int {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := e.Running()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+		}
+	}
 }
 
 // Shutdown cancels running operations and waits for them (bounded by ctx).

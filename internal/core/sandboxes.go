@@ -167,6 +167,8 @@ type Service struct {
 	snapMu   sync.RWMutex // captures and restores (R) vs snapshot GC (W)
 	sbLocks  sync.Map     // sandbox id → *sync.Mutex (pause, resume, snapshot)
 	ckptBusy sync.Map     // sandbox id → true while this process checkpoints it
+	ckptMu   sync.Mutex
+	ckptNode map[string]int // node → automatic checkpoints this process runs on it
 }
 
 // NewService wires a service.
@@ -413,7 +415,21 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 	}
 	op := s.engine.NewOperation(projectID, kind, sb.ID)
 	op.Fingerprint = fp
-	stored, created, err := s.store.CreateSandboxOp(ctx, sb, op, idemKey)
+	// The records and their two events (the sandbox's state, the
+	// operation's pending) in one write (RecordEvents).
+	stateEv, err := s.stateEvent(sb)
+	if err != nil {
+		return Sandbox{}, Operation{}, err
+	}
+	opEv, err := s.engine.PendingEvent(op)
+	if err != nil {
+		return Sandbox{}, Operation{}, err
+	}
+	stored, created, err := CreateSandboxOpEvents(ctx, s.store, sb, op, idemKey, []Event{stateEv, opEv})
+	if errors.Is(err, errEventNotStored) {
+		s.opts.Logf("sandbox %s: publish: %v", sb.ID, err)
+		err = nil
+	}
 	if rel, ok := s.runtime.(PlacementReleaser); ok && sb.Node != "" && (err != nil || !created) {
 		rel.ReleasePlacement(sb.Node, sb.ID)
 	}
@@ -427,15 +443,15 @@ func (s *Service) create(ctx context.Context, projectID string, req CreateReques
 		existing, err := s.store.GetSandbox(ctx, projectID, stored.Target)
 		return existing, stored, err
 	}
-	s.publishState(ctx, sb)
-	s.engine.Start(ctx, stored, func(ctx context.Context, progress Progress) (any, error) {
+	s.broker.Wake(projectID)
+	s.engine.StartStored(ctx, stored, Step{Progress: 5, Message: "starting sandbox"}, func(ctx context.Context, progress Progress) (any, error) {
 		return s.runCreate(ctx, sb, progress)
 	})
 	return sb, stored, nil
 }
 
+// runCreate runs a create operation, which starts at 5 % "starting sandbox".
 func (s *Service) runCreate(ctx context.Context, sb Sandbox, progress Progress) (any, error) {
-	progress(5, "starting sandbox")
 	start := s.runtime.StartSandbox
 	if sb.Snapshot != "" {
 		start = s.startFromSnapshot
@@ -445,7 +461,7 @@ func (s *Service) runCreate(ctx context.Context, sb Sandbox, progress Progress) 
 		s.setTerminal(context.WithoutCancel(ctx), sb.ID, SandboxFailed, err.Error())
 		return nil, err
 	}
-	updated, err := s.store.UpdateSandbox(ctx, sb.ID, func(cur *Sandbox) error {
+	updated, err := s.updateState(ctx, sb.ID, func(cur *Sandbox) error {
 		if cur.State != SandboxCreating {
 			return fmt.Errorf("sandbox became %s while starting: %w", cur.State, ErrConflict)
 		}
@@ -459,7 +475,6 @@ func (s *Service) runCreate(ctx context.Context, sb Sandbox, progress Progress) 
 		}
 		return nil, err
 	}
-	s.publishState(ctx, updated)
 	return updated, nil
 }
 
@@ -479,11 +494,33 @@ func (s *Service) setTerminal(ctx context.Context, id string, st SandboxState, r
 }
 
 func (s *Service) publishState(ctx context.Context, sb Sandbox) {
-	if err := s.broker.Publish(ctx, sb.ProjectID, "sandbox.state", sb.ID, "", map[string]any{
-		"id": sb.ID, "state": sb.State, "reason": sb.StateReason,
-	}); err != nil {
+	if err := s.broker.Publish(ctx, sb.ProjectID, "sandbox.state", sb.ID, "", stateData(sb)); err != nil {
 		s.opts.Logf("sandbox %s: publish: %v", sb.ID, err)
 	}
+}
+
+func stateData(sb Sandbox) map[string]any {
+	return map[string]any{"id": sb.ID, "state": sb.State, "reason": sb.StateReason}
+}
+
+// stateEvent is the sandbox.state event publishState publishes for sb.
+func (s *Service) stateEvent(sb Sandbox) (Event, error) {
+	return s.broker.NewEvent(sb.ProjectID, "sandbox.state", sb.ID, "", stateData(sb))
+}
+
+// updateState is UpdateSandbox followed by publishState, in one store
+// write where the store can (RecordEvents).
+func (s *Service) updateState(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	updated, err := UpdateSandboxEvent(ctx, s.store, id, fn, s.stateEvent)
+	if errors.Is(err, errEventNotStored) {
+		s.opts.Logf("sandbox %s: publish: %v", id, err)
+		err = nil
+	}
+	if err != nil {
+		return updated, err
+	}
+	s.broker.Wake(updated.ProjectID)
+	return updated, nil
 }
 
 // MarkLost records that a running sandbox died on its own and removes what
@@ -539,7 +576,7 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 	if sb.State == SandboxDeleted {
 		return Operation{}, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 	}
-	updated, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+	_, err = s.updateState(ctx, id, func(cur *Sandbox) error {
 		if cur.State == SandboxDeleted {
 			return fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 		}
@@ -552,21 +589,18 @@ func (s *Service) delete(ctx context.Context, projectID, id, kind, reason string
 	if err != nil {
 		return Operation{}, err
 	}
-	s.publishState(ctx, updated)
 	op := s.engine.NewOperation(projectID, kind, id)
-	return s.engine.Submit(ctx, op, "", func(ctx context.Context, progress Progress) (any, error) {
-		progress(10, "stopping sandbox")
+	return s.engine.SubmitWith(ctx, op, "", Step{Progress: 10, Message: "stopping sandbox"}, func(ctx context.Context, progress Progress) (any, error) {
 		if err := s.runtime.StopSandbox(ctx, id); err != nil {
 			return nil, err
 		}
-		done, err := s.store.UpdateSandbox(ctx, id, func(cur *Sandbox) error {
+		done, err := s.updateState(ctx, id, func(cur *Sandbox) error {
 			cur.State, cur.UpdatedAt = SandboxDeleted, s.opts.Now().UTC()
 			return nil
 		})
 		if err != nil {
 			return nil, err
 		}
-		s.publishState(ctx, done)
 		if sb.OnTimeout == OnTimeoutHibernate || sb.CheckpointSeconds > 0 {
 			progress(90, "deleting the snapshots its timeouts and checkpoints took")
 			s.dropAutoSnapshots(ctx, projectID, id)

@@ -162,8 +162,11 @@ type DumpOptions struct {
 	// ExternalFiles are open files outside the tree's mounts.
 	ExternalFiles []ExternalFile
 	// FreezeCgroup, if set, is the cgroup CRIU freezes to collect the tree
-	// (all of the tree's tasks and nothing else).
+	// (all of the tree's tasks and nothing else). A group frozen already
+	// stays frozen after a LeaveRunning dump.
 	FreezeCgroup string
+	// Args are more CRIU options.
+	Args []string
 }
 
 // Dump checkpoints the tree rooted at o.PID into o.ImageDir. Established
@@ -186,7 +189,12 @@ func Dump(ctx context.Context, path string, o DumpOptions) error {
 	for _, f := range o.ExternalFiles {
 		args = append(args, "--external", f.Key())
 	}
-	out, err := exec.CommandContext(ctx, path, args...).CombinedOutput()
+	args = append(args, o.Args...)
+	cmd := exec.CommandContext(ctx, path, args...)
+	// Killed when ctx ends; a helper it left holding the output pipe
+	// must not keep the caller waiting.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("criu dump of %d: %w: %s", o.PID, err, logErrors(filepath.Join(o.ImageDir, "dump.log"), out))
 	}
@@ -216,6 +224,8 @@ type RestoreOptions struct {
 	// join the sandbox's cgroups, which the restored tasks inherit): it
 	// is a shell snippet, run by /bin/sh with $$ the criu process.
 	Prepare string
+	// Args are more CRIU options.
+	Args []string
 }
 
 // Restore restores the tree in o.ImageDir, detached, and returns the
@@ -242,6 +252,7 @@ func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
 		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:%s", 3+len(extra), k))
 		extra = append(extra, o.Inherit[k])
 	}
+	args = append(args, o.Args...)
 	var cmd *exec.Cmd
 	if o.Prepare != "" {
 		cmd = exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", o.Prepare + "\nexec \"$0\" \"$@\"", path}, args...)...)
@@ -249,6 +260,7 @@ func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
 		cmd = exec.CommandContext(ctx, path, args...)
 	}
 	cmd.ExtraFiles = extra
+	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("criu restore: %w: %s", err, logErrors(filepath.Join(logDir, "restore.log"), out))
@@ -444,4 +456,43 @@ func treePIDs(pid int) []int {
 		}
 	}
 	return out
+}
+
+// BuildTag is what scripts/criu.sh writes to the DONE marker beside the
+// binary it builds: the pinned version and the level of SPACE's patches
+// (scripts/criu-patches/). The namespace driver needs patches 0002 and
+// 0003 to restore its agent (run from a memfd) and 0004 to dump a
+// restored sandbox again, so it takes only a build with this tag or a
+// later one.
+const BuildTag = PinnedVersion + "+space3"
+
+// ErrUnpatched means the CRIU found dumps but lacks the patches a SPACE
+// sandbox's restore needs.
+var ErrUnpatched = errors.New("criu: not scripts/criu.sh's patched build")
+
+// ProbeSandboxes is Probe plus the check that the binary is
+// scripts/criu.sh's build with SPACE's patches (BuildTag in its DONE
+// marker): what the namespace driver checkpoints with.
+func ProbeSandboxes(ctx context.Context, explicit string) (path, version string, err error) {
+	if path, version, err = Probe(ctx, explicit); err != nil {
+		return path, version, err
+	}
+	b, rerr := os.ReadFile(filepath.Join(filepath.Dir(path), "DONE"))
+	tag := strings.TrimSpace(string(b))
+	if rerr != nil || !tagAtLeast(tag, BuildTag) {
+		return path, version, fmt.Errorf("criu %s at %s (build %q): want scripts/criu.sh's %s: %w: %w", version, path, tag, BuildTag, ErrUnpatched, ErrUnavailable)
+	}
+	return path, version, nil
+}
+
+// tagAtLeast compares build tags "<version>+space<N>" of one version.
+func tagAtLeast(tag, want string) bool {
+	v, n, ok := strings.Cut(tag, "+space")
+	wv, wn, _ := strings.Cut(want, "+space")
+	if !ok || v != wv {
+		return false
+	}
+	a, err1 := strconv.Atoi(n)
+	b, err2 := strconv.Atoi(wn)
+	return err1 == nil && err2 == nil && a >= b
 }

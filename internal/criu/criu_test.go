@@ -1,7 +1,9 @@
 package criu
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/uidpool"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 func TestAtLeast(t *testing.T) {
@@ -366,4 +369,61 @@ func TestDumpRestoreFork(t *testing.T) {
 		}
 	}
 	waitCounter(t, tr.pid, before+10)
+}
+
+func TestBuildTag(t *testing.T) {
+	for tag, want := range map[string]bool{BuildTag: true, PinnedVersion + "+space9": true, PinnedVersion + "+space2": false, "4.2+space3": false, "": false} {
+		if got := tagAtLeast(tag, BuildTag); got != want {
+			t.Errorf("tagAtLeast(%q) = %v", tag, got)
+		}
+	}
+	// scripts/criu.sh must write the tag the driver asks for.
+	b, err := os.ReadFile("../../scripts/criu.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `build="$CRIU_VERSION+space3"`) || !strings.HasSuffix(BuildTag, "+space3") {
+		t.Errorf("scripts/criu.sh's build tag and criu.BuildTag (%s) differ", BuildTag)
+	}
+}
+
+// TestDropInterfaces: the named entries leave a netdev image, the others
+// stay byte for byte, and the address, route and rule images go.
+func TestDropInterfaces(t *testing.T) {
+	frame := func(typ uint64, name string) []byte {
+		var m []byte
+		m = protowire.AppendTag(m, 1, protowire.VarintType)
+		m = protowire.AppendVarint(m, typ)
+		m = protowire.AppendTag(m, 5, protowire.BytesType)
+		m = protowire.AppendString(m, name)
+		return append(binary.LittleEndian.AppendUint32(nil, uint32(len(m))), m...)
+	}
+	hdr := binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, imgCommonMagic), 0x57464056)
+	img := append(append(append(append([]byte(nil), hdr...), frame(1, "lo")...), frame(2, "eth0")...), frame(2, "veth9")...)
+	dir := t.TempDir()
+	for _, f := range []string{"netdev-9.img", "ifaddr-9.img", "route-9.img", "route6-9.img", "rule-9.img", "iptables-9.img"} {
+		b := []byte("x")
+		if f == "netdev-9.img" {
+			b = img
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := DropInterfaces(dir, []string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "netdev-9.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append(append([]byte(nil), hdr...), frame(1, "lo")...), frame(2, "veth9")...)
+	if !bytes.Equal(got, want) {
+		t.Errorf("netdev image:\n got %x\nwant %x", got, want)
+	}
+	for f, keep := range map[string]bool{"ifaddr-9.img": false, "route-9.img": false, "route6-9.img": false, "rule-9.img": false, "iptables-9.img": true} {
+		if _, err := os.Stat(filepath.Join(dir, f)); (err == nil) != keep {
+			t.Errorf("%s: kept %v, want %v", f, err == nil, keep)
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent/client"
@@ -102,17 +103,40 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request, sb *node.Sandbo
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
-	conn, err := sb.DialPort(ctx, template.InterpreterPort)
+	// The connection the last run left parked, if it is still open: a new
+	// tunnel per run cost an agent connection, its handshake and the
+	// interpreter's accept.
+	conn, reused, err := sb.TakePort(ctx, template.InterpreterPort)
 	if err != nil {
 		return interpreterDialError(err)
 	}
-	defer conn.Close()
+	parked := false
+	defer func() {
+		if !parked && conn != nil {
+			conn.Close()
+		}
+	}()
 	// Closing the connection is how the interpreter learns that the run
 	// is abandoned: it interrupts the kernel.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	br := bufio.NewReader(conn)
+	resp, err := postExecute(ctx, conn, br, req)
+	if err != nil && reused && ctx.Err() == nil && noAnswer(err) {
+		// The kept connection was closed by the interpreter since (an idle
+		// close): nothing of an answer came, so nothing ran. (The
+		// interpreter holds its answer's head until the first events, so
+		// one that died mid-run also ends this way; its replacement is not
+		// up yet to run it again.) Once more on a new connection.
+		stop()
+		conn.Close()
+		if conn, err = sb.DialPort(ctx, template.InterpreterPort); err != nil {
+			return interpreterDialError(err)
+		}
+		stop = context.AfterFunc(ctx, func() { conn.Close() })
+		br = bufio.NewReader(conn)
+		resp, err = postExecute(ctx, conn, br, req)
+	}
 	defer stop()
-
-	resp, err := postExecute(ctx, conn, req)
 	if err != nil {
 		if ctx.Err() != nil && r.Context().Err() == nil {
 			return httpx.Errorf(http.StatusGatewayTimeout, "deadline_exceeded", "the interpreter did not answer within %s", timeout)
@@ -123,12 +147,18 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request, sb *node.Sandbo
 	if resp.StatusCode != http.StatusOK {
 		return interpreterHTTPError(resp)
 	}
-	return streamCodeEvents(ctx, r.Context(), w, bufio.NewReaderSize(resp.Body, 64<<10), timeout)
+	if streamCodeEvents(ctx, r.Context(), w, bufio.NewReaderSize(resp.Body, 64<<10), timeout) &&
+		!resp.Close && br.Buffered() == 0 && stop() {
+		// Read to its end, and the run's deadline can no longer close it.
+		sb.ParkPort(template.InterpreterPort, conn)
+		parked = true
+	}
+	return nil
 }
 
-// postExecute sends the interpreter's /execute request on conn (one
-// request per tunnel: nothing to pool) and reads the answer's head.
-func postExecute(ctx context.Context, conn net.Conn, req CodeRequest) (*http.Response, error) {
+// postExecute sends the interpreter's /execute request on conn and reads
+// the answer's head through br (conn's reader).
+func postExecute(ctx context.Context, conn net.Conn, br *bufio.Reader, req CodeRequest) (*http.Response, error) {
 	payload, err := json.Marshal(map[string]any{
 		"code": req.Code, "language": nilIfEmpty(req.Language), "context_id": nilIfEmpty(req.ContextID), "env_vars": req.EnvVars,
 	})
@@ -140,11 +170,17 @@ func postExecute(ctx context.Context, conn net.Conn, req CodeRequest) (*http.Res
 		return nil, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Close = true
 	if err := hreq.Write(conn); err != nil {
 		return nil, fmt.Errorf("send: %w", err)
 	}
-	return http.ReadResponse(bufio.NewReader(conn), hreq)
+	return http.ReadResponse(br, hreq)
+}
+
+// noAnswer reports whether err means that the connection was closed
+// before any byte of an answer came.
+func noAnswer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
 func nilIfEmpty(s string) any {
@@ -190,12 +226,21 @@ func interpreterHTTPError(resp *http.Response) error {
 	return httpx.Errorf(http.StatusBadGateway, "interpreter_error", "the code interpreter answered %d", resp.StatusCode)
 }
 
+// codeLine is a line of the interpreter's answer; more says that more of
+// the answer was already read (it arrived in the same piece).
+type codeLine struct {
+	b    []byte
+	more bool
+}
+
 // streamCodeEvents copies the interpreter's newline-delimited JSON events
 // to SSE until end_of_execution. Each line is compacted (so it cannot
-// break the SSE framing) and must be a JSON object with a known type.
-func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd *bufio.Reader, timeout time.Duration) error {
+// break the SSE framing) and must be a JSON object with a known type. It
+// reports whether the interpreter's answer was read to its end, so that
+// its connection can carry the next run.
+func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd *bufio.Reader, timeout time.Duration) (complete bool) {
 	sse := httpx.StartSSE(w)
-	lines := make(chan []byte)
+	lines := make(chan codeLine)
 	readErr := make(chan error, 1)
 	go func() {
 		defer close(lines)
@@ -206,7 +251,7 @@ func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd 
 				return
 			}
 			select {
-			case lines <- line:
+			case lines <- codeLine{b: line, more: rd.Buffered() > 0}:
 			case <-ctx.Done():
 				return
 			}
@@ -219,10 +264,11 @@ func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd 
 		select {
 		case <-keepAlive.C:
 			if sse.Comment("keepalive") != nil || sse.Flush() != nil {
-				return nil
+				return false
 			}
 			continue
-		case line, ok := <-lines:
+		case cl, ok := <-lines:
+			line := cl.b
 			if !ok {
 				var err error
 				select {
@@ -231,7 +277,7 @@ func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd 
 				}
 				switch {
 				case clientCtx.Err() != nil:
-					return nil // the client left: the interpreter interrupts
+					return false // the client left: the interpreter interrupts
 				case ctx.Err() != nil:
 					endCode(sse, "TimeoutError", fmt.Sprintf("the execution did not finish within %s; it was interrupted", timeout))
 				case errors.Is(err, errLineTooLong):
@@ -239,34 +285,76 @@ func streamCodeEvents(ctx, clientCtx context.Context, w http.ResponseWriter, rd 
 				default:
 					endCode(sse, "InterpreterError", "the code interpreter closed the stream before the end of the execution")
 				}
-				return nil
+				return false
 			}
+			// A line skipped at the end of a piece still sends the
+			// events before it.
+			skip := func() bool { return cl.more || sse.Flush() == nil }
 			buf.Reset()
 			if len(bytes.TrimSpace(line)) == 0 || json.Compact(&buf, line) != nil {
+				if !skip() {
+					return false
+				}
 				continue
 			}
 			var head struct {
 				Type string `json:"type"`
 			}
 			if json.Unmarshal(buf.Bytes(), &head) != nil {
+				if !skip() {
+					return false
+				}
 				continue
 			}
 			if head.Type == "keepalive" {
 				if sse.Comment("keepalive") != nil || sse.Flush() != nil {
-					return nil
+					return false
 				}
 				continue
 			}
 			if !codeEventTypes[head.Type] {
+				if !skip() {
+					return false
+				}
 				continue
 			}
-			if sse.Event("", head.Type, buf.Bytes()) != nil || sse.Flush() != nil {
-				return nil
+			if sse.Event("", head.Type, buf.Bytes()) != nil {
+				return false
+			}
+			// Events that came in one piece leave in one write: each
+			// write is a wake-up of the client.
+			if (!cl.more || head.Type == "end_of_execution") && sse.Flush() != nil {
+				return false
 			}
 			if head.Type == "end_of_execution" {
-				return nil
+				return answerEnded(lines, readErr)
 			}
 		}
+	}
+}
+
+// answerEndWait bounds the wait for the end of the interpreter's chunked
+// answer after end_of_execution (it sends both in one write).
+const answerEndWait = 100 * time.Millisecond
+
+// answerEnded reports whether the interpreter's answer ends right after
+// end_of_execution: no further line, then EOF of the chunked body.
+func answerEnded(lines <-chan codeLine, readErr <-chan error) bool {
+	t := time.NewTimer(answerEndWait)
+	defer t.Stop()
+	select {
+	case _, ok := <-lines:
+		if ok {
+			return false
+		}
+		select {
+		case err := <-readErr:
+			return errors.Is(err, io.EOF)
+		default:
+			return false
+		}
+	case <-t.C:
+		return false
 	}
 }
 

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -51,8 +52,9 @@ func TestStreamCodeEvents(t *testing.T) {
 	}, "\n") + "\n"
 	w := httptest.NewRecorder()
 	ctx := context.Background()
-	if err := streamCodeEvents(ctx, ctx, w, bufio.NewReader(strings.NewReader(in)), time.Second); err != nil {
-		t.Fatal(err)
+	// A line after end_of_execution: the connection is out of step.
+	if streamCodeEvents(ctx, ctx, w, bufio.NewReader(strings.NewReader(in)), time.Second) {
+		t.Error("an answer with a line after end_of_execution was reported complete")
 	}
 	want := "event: stdout\ndata: {\"type\":\"stdout\",\"text\":\"a\\nb\",\"timestamp\":\"t\"}\n\n" +
 		": keepalive\n\n" +
@@ -85,12 +87,35 @@ func TestStreamCodeEventsEnds(t *testing.T) {
 			rd = bufio.NewReader(strings.NewReader(tc.in))
 		}
 		w := httptest.NewRecorder()
-		streamCodeEvents(ctx, context.Background(), w, rd, time.Second)
+		if streamCodeEvents(ctx, context.Background(), w, rd, time.Second) {
+			t.Errorf("%s: reported complete", name)
+		}
 		cancel()
 		body := w.Body.String()
 		if !strings.Contains(body, `"name":"`+tc.want+`"`) || !strings.HasSuffix(body, "event: end_of_execution\ndata: {\"type\":\"end_of_execution\"}\n\n") {
 			t.Errorf("%s: %.300q", name, body)
 		}
+	}
+}
+
+// An answer that ends right after end_of_execution leaves its connection
+// reusable (the data plane parks it for the next run); one whose end does
+// not follow does not.
+func TestStreamCodeEventsComplete(t *testing.T) {
+	ctx := context.Background()
+	in := `{"type":"number_of_executions","execution_count":1}` + "\n" + `{"type":"end_of_execution"}` + "\n"
+	if !streamCodeEvents(ctx, ctx, httptest.NewRecorder(), bufio.NewReader(strings.NewReader(in)), time.Second) {
+		t.Error("a complete answer was not reported complete")
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go io.WriteString(pw, in) // then nothing: the body's end never comes
+	start := time.Now()
+	if streamCodeEvents(ctx, ctx, httptest.NewRecorder(), bufio.NewReader(pr), time.Second) {
+		t.Error("an answer without its end was reported complete")
+	}
+	if d := time.Since(start); d > 10*answerEndWait {
+		t.Errorf("waited %s for the end of the answer", d)
 	}
 }
 

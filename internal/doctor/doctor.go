@@ -171,12 +171,13 @@ func runsc(ctx context.Context, explicit string) (bool, string) {
 
 // criuCheck finds CRIU and runs `criu check` (which needs root): its
 // path, version and verdict, or why it cannot be used.
+// The namespace driver also needs scripts/criu.sh's patched build.
 func criuCheck(ctx context.Context, explicit string) (bool, string) {
-	path, v, err := criu.Probe(ctx, explicit)
+	path, v, err := criu.ProbeSandboxes(ctx, explicit)
 	if err != nil {
 		return false, errText(err)
 	}
-	return true, path + ": " + v + ", criu check: Looks good."
+	return true, path + ": " + v + " (" + criu.BuildTag + "), criu check: Looks good."
 }
 
 func cgroupLayout() (bool, string) {

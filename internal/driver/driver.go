@@ -84,6 +84,29 @@ type Instance interface {
 	Destroy(ctx context.Context) error
 }
 
+// Closer is a driver that holds host resources of its own beyond its
+// sandboxes (the namespace driver's fork helper process): its node closes
+// it when it stops. Sandboxes keep running.
+type Closer interface {
+	Close()
+}
+
+// Close closes d, or the driver it wraps (an Unwrap() Driver method), if
+// that is a Closer.
+func Close(d Driver) {
+	for i := 0; i < 4 && d != nil; i++ {
+		if c, ok := d.(Closer); ok {
+			c.Close()
+			return
+		}
+		u, ok := d.(interface{ Unwrap() Driver })
+		if !ok {
+			return
+		}
+		d = u.Unwrap()
+	}
+}
+
 // Driver creates and re-attaches sandboxes.
 type Driver interface {
 	Name() string
@@ -97,6 +120,14 @@ type Driver interface {
 	// Sweep removes host-side leftovers of every sandbox the driver knows of
 	// on disk whose id is not in keep. It is the leak safety net run at start.
 	Sweep(ctx context.Context, keep map[string]bool) error
+}
+
+// NetNSer is implemented by instances whose network namespace the host
+// can enter again for as long as the sandbox lives (the namespace driver:
+// its PID 1's). The egress network gives such a sandbox a new link when it
+// is re-adopted without its old one.
+type NetNSer interface {
+	NetNSPath() string
 }
 
 // Pauser is implemented by instances that can stop every process of the

@@ -145,9 +145,11 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[pb.Star
 	}
 	// The SDK always runs "/bin/bash -l -c <cmd>"; templates without bash
 	// (SPACE's busybox "minimal") get the POSIX shell instead.
-	if cfg.Cmd == "/bin/bash" {
+	if cfg.Cmd == "/bin/bash" && !c.sb.HasBash.Load() {
 		if _, err := c.sb.Agent.Stat(ctx, "/bin/bash"); client.IsNotFound(err) {
 			spec.Argv[0] = "/bin/sh"
+		} else if err == nil {
+			c.sb.HasBash.Store(true)
 		}
 	}
 	cmd, err := c.sb.Exec(ctx, spec)

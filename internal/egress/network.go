@@ -180,8 +180,23 @@ func (d *netDriver) Attach(ctx context.Context, id string) (driver.Instance, err
 		return nil, err
 	}
 	if err := d.n.Adopt(id); err != nil {
-		// Fail closed: the rules (if any) stay, nothing serves them.
-		d.n.logf("egress: %s: re-attach network: %v", id, err)
+		// The sandbox can outlive its host-side veth: in Kubernetes the
+		// node pod's network namespace holds that end and takes the pair
+		// with it when the pod is replaced. A sandbox whose namespace the
+		// host can still enter gets a new link (and a new address).
+		relinked := false
+		if p, ok := driver.As[driver.NetNSer](inst); ok {
+			if serr := d.n.SetupPath(ctx, id, p.NetNSPath()); serr != nil {
+				err = fmt.Errorf("%w; new link: %w", err, serr)
+			} else {
+				relinked = true
+				d.n.logf("egress: %s: re-attach network: a new link, the old one is gone (%v)", id, err)
+			}
+		}
+		if !relinked {
+			// Fail closed: the rules (if any) stay, nothing serves them.
+			d.n.logf("egress: %s: re-attach network: %v", id, err)
+		}
 	}
 	return &netInstance{Instance: inst, n: d.n}, nil
 }

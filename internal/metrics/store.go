@@ -201,6 +201,47 @@ func (s *store) UpdateOperationEvent(ctx context.Context, op core.Operation, e c
 	return ev, err
 }
 
+// storeOnly hides the optional interfaces of a store: the fallbacks of
+// core's RecordEvents functions, run over it, make the timed calls.
+type storeOnly struct{ core.Store }
+
+// CreateSandboxOpEvents keeps the inner store's single transaction
+// (core.RecordEvents) and falls back to the timed calls.
+func (s *store) CreateSandboxOpEvents(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string, evs []core.Event) (core.Operation, bool, error) {
+	re, ok := s.Store.(core.RecordEvents)
+	if !ok {
+		return core.CreateSandboxOpEvents(ctx, storeOnly{s}, sb, op, idemKey, evs)
+	}
+	t0 := time.Now()
+	o, created, err := re.CreateSandboxOpEvents(ctx, sb, op, idemKey, evs)
+	s.done("CreateSandboxOpEvents", t0, err)
+	return o, created, err
+}
+
+// CreateOperationEvent: as CreateSandboxOpEvents.
+func (s *store) CreateOperationEvent(ctx context.Context, op core.Operation, idemKey string, e core.Event) (core.Operation, bool, error) {
+	re, ok := s.Store.(core.RecordEvents)
+	if !ok {
+		return core.CreateOperationEvent(ctx, storeOnly{s}, op, idemKey, e)
+	}
+	t0 := time.Now()
+	o, created, err := re.CreateOperationEvent(ctx, op, idemKey, e)
+	s.done("CreateOperationEvent", t0, err)
+	return o, created, err
+}
+
+// UpdateSandboxEvent: as CreateSandboxOpEvents.
+func (s *store) UpdateSandboxEvent(ctx context.Context, id string, fn func(*core.Sandbox) error, ev func(core.Sandbox) (core.Event, error)) (core.Sandbox, error) {
+	re, ok := s.Store.(core.RecordEvents)
+	if !ok {
+		return core.UpdateSandboxEvent(ctx, storeOnly{s}, id, fn, ev)
+	}
+	t0 := time.Now()
+	sb, err := re.UpdateSandboxEvent(ctx, id, fn, ev)
+	s.done("UpdateSandboxEvent", t0, err)
+	return sb, err
+}
+
 func (s *store) UnfinishedOperations(ctx context.Context) ([]core.Operation, error) {
 	t0 := time.Now()
 	l, err := s.Store.UnfinishedOperations(ctx)

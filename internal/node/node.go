@@ -355,6 +355,10 @@ func (n *Node) watch(h *Sandbox) {
 	}()
 }
 
+// stopWaitsForSnapshot bounds how long a stop waits for a snapshot of the
+// sandbox in flight.
+const stopWaitsForSnapshot = 2 * time.Minute
+
 // StopSandbox implements core.Runtime.
 func (n *Node) StopSandbox(ctx context.Context, id string) error {
 	n.mu.Lock()
@@ -365,6 +369,14 @@ func (n *Node) StopSandbox(ctx context.Context, id string) error {
 		return nil
 	}
 	t0 := time.Now()
+	// A snapshot in flight ends first (its checkpoint is bounded): it no
+	// longer finds the sandbox, so nothing new starts. If it does not
+	// end in time the sandbox dies under it, which fails it.
+	wctx, cancel := context.WithTimeout(ctx, stopWaitsForSnapshot)
+	if h.lockState(wctx) == nil {
+		defer h.unlockState()
+	}
+	cancel()
 	n.thaw(ctx, h) // a v1-frozen task would not even die
 	err := h.destroy(ctx)
 	n.observer().SandboxStopped(n.o.Driver.Name(), time.Since(t0), err)
@@ -575,7 +587,8 @@ func (n *Node) Count() int {
 	return len(n.sandboxes)
 }
 
-// Close stops background work and destroys warm-pool sandboxes. Running
+// Close stops background work, destroys warm-pool sandboxes and closes the
+// driver (driver.Close: the namespace driver's fork helper). Running
 // sandboxes are left alone: they outlive the server process.
 func (n *Node) Close(ctx context.Context) {
 	n.cancel()
@@ -596,6 +609,7 @@ func (n *Node) Close(ctx context.Context) {
 	for _, h := range hs {
 		h.closeLogs()
 	}
+	driver.Close(n.o.Driver)
 }
 
 // Sandbox is one running sandbox on this node.
@@ -617,10 +631,23 @@ type Sandbox struct {
 	// ProjectID owns the sandbox (E2B signed file URLs are checked
 	// against a token bound to it).
 	ProjectID string
-	// openTunnels counts forwarded connections open now.
+	// openTunnels counts forwarded connections open now (not parked ones).
 	openTunnels atomic.Int64
+	// parked holds one idle forwarded connection per port between
+	// requests (TakePort, ParkPort); parkEpoch changes whenever they are
+	// dropped, so a connection in use then is not parked after.
+	parkMu    sync.Mutex
+	parked    map[int]parkedConn
+	parkEpoch atomic.Uint64
 
 	paused atomic.Bool // frozen: the data plane is refused
+	// state is a one-slot lock held by whatever changes the instance's
+	// run state: a snapshot (the driver's checkpoint hands the agent's
+	// listener off and freezes), a pause or resume, and the stop. Two
+	// checkpoints at once (a periodic one and a drain's hibernate) made
+	// the second find no listener and keep files only, and a stop during
+	// a dump killed the tasks CRIU was detaching from.
+	state chan struct{}
 	// capturing counts snapshots of the running sandbox in flight: the
 	// data plane waits for them rather than refusing.
 	capturing atomic.Int32
@@ -628,10 +655,16 @@ type Sandbox struct {
 	// lastActive is when the data plane last used the sandbox or a
 	// command of it ended (unix ns), for auto-pause.
 	lastActive atomic.Int64
+	// HasBash is set once the E2B envd emulation found /bin/bash in the
+	// sandbox: E2B's SDKs run every command as /bin/bash -l -c, and a
+	// stat through the agent per command was one more agent round trip
+	// on each commands.run. Only a yes is kept (bash does not go away
+	// under a running sandbox by itself; a template without it asks again).
+	HasBash atomic.Bool
 }
 
 func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbox {
-	s := &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{},
+	s := &Sandbox{ID: id, inst: inst, logDir: logDir, node: n, cmds: map[string]*Command{}, state: make(chan struct{}, 1),
 		Agent: client.New(inst.Dial), logs: execlog.NewBudget(n.o.MaxLogBytes)}
 	s.lastActive.Store(time.Now().UnixNano())
 	return s
@@ -640,8 +673,21 @@ func newSandbox(id string, inst driver.Instance, logDir string, n *Node) *Sandbo
 // Timing returns how the sandbox's creation time was spent.
 func (s *Sandbox) Timing() driver.Timing { return s.inst.Timing() }
 
+// lockState takes s.state, waiting at most until ctx ends.
+func (s *Sandbox) lockState(ctx context.Context) error {
+	select {
+	case s.state <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox %s: waiting for its snapshot, pause or resume in progress: %w", s.ID, ctx.Err())
+	}
+}
+
+func (s *Sandbox) unlockState() { <-s.state }
+
 func (s *Sandbox) destroy(ctx context.Context) error {
 	s.gone.Store(true)
+	s.dropParked()
 	err := s.inst.Destroy(ctx)
 	s.closeLogs()
 	s.wg.Wait()

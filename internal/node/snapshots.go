@@ -24,6 +24,24 @@ func (n *Node) sandbox(id string) (*Sandbox, error) {
 	return h, nil
 }
 
+// lockedSandbox returns sandbox id with its state lock held (the caller
+// unlocks), once no snapshot, pause or resume of it is in flight; a
+// sandbox stopped meanwhile is not found.
+func (n *Node) lockedSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	h, err := n.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.lockState(ctx); err != nil {
+		return nil, err
+	}
+	if cur, err := n.sandbox(id); err != nil || cur != h {
+		h.unlockState()
+		return nil, fmt.Errorf("sandbox %s is not running here: %w", id, core.ErrNotFound)
+	}
+	return h, nil
+}
+
 func pauser(h *Sandbox) (driver.Pauser, error) {
 	p, ok := driver.As[driver.Pauser](h.inst)
 	if !ok {
@@ -41,6 +59,7 @@ func (n *Node) freeze(ctx context.Context, h *Sandbox) error {
 	// Refuse new data-plane calls first: one that reached a frozen agent
 	// would hang instead of failing.
 	h.paused.Store(true)
+	h.dropParked()
 	if err := p.Pause(ctx); err != nil {
 		h.paused.Store(false)
 		_ = p.Resume(context.WithoutCancel(ctx))
@@ -64,19 +83,21 @@ func (n *Node) thaw(ctx context.Context, h *Sandbox) error {
 
 // PauseSandbox implements core.PauseRuntime.
 func (n *Node) PauseSandbox(ctx context.Context, id string) error {
-	h, err := n.sandbox(id)
+	h, err := n.lockedSandbox(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer h.unlockState()
 	return n.freeze(ctx, h)
 }
 
 // ResumeSandbox implements core.PauseRuntime.
 func (n *Node) ResumeSandbox(ctx context.Context, id string) error {
-	h, err := n.sandbox(id)
+	h, err := n.lockedSandbox(ctx, id)
 	if err != nil {
 		return err
 	}
+	defer h.unlockState()
 	return n.thaw(ctx, h)
 }
 
@@ -89,10 +110,11 @@ func (n *Node) ResumeSandbox(ctx context.Context, id string) error {
 func (n *Node) CaptureSnapshot(ctx context.Context, id string, chain []string) (_ string, stats core.SnapshotStats, err error) {
 	t0 := time.Now()
 	defer func() { n.observer().SnapshotCaptured(n.o.Driver.Name(), stats, time.Since(t0), err) }()
-	h, err := n.sandbox(id)
+	h, err := n.lockedSandbox(ctx, id)
 	if err != nil {
 		return "", stats, err
 	}
+	defer h.unlockState()
 	cp, canCheckpoint := n.checkpointer(h)
 	// A driver whose checkpoint holds the disk (a VM) has no host-side
 	// layer: its snapshots are the checkpoint alone (layer.Dir "").
@@ -104,13 +126,13 @@ func (n *Node) CaptureSnapshot(ctx context.Context, id string, chain []string) (
 	} else if !canCheckpoint {
 		return "", stats, fmt.Errorf("driver has no host-side writable layer to snapshot: %w", core.ErrUnavailable)
 	}
-	parent, err := n.snaps.LoadState(ctx, chain)
+	parent, parentImg, err := n.snaps.LoadParent(ctx, chain)
 	if err != nil {
 		return "", stats, fmt.Errorf("load parent snapshot: %w", err)
 	}
 	var res snapshot.Result
 	if canCheckpoint {
-		res, err = n.captureProcess(ctx, h, cp, layer, parent, &stats)
+		res, err = n.captureProcess(ctx, h, cp, layer, parent, parentImg, &stats)
 	} else {
 		t0 := time.Now()
 		res, err = n.captureLayer(ctx, h, layer, parent)
@@ -158,7 +180,7 @@ func (n *Node) captureLayer(ctx context.Context, h *Sandbox, layer driver.Layer,
 // captureProcess checkpoints h into a temp dir (the instance is left
 // paused), reads the layer of that same moment, resumes h unless it was
 // paused before, and stores the image.
-func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpointer, layer driver.Layer, parent snapshot.State, stats *core.SnapshotStats) (snapshot.Result, error) {
+func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpointer, layer driver.Layer, parent snapshot.State, parentImg *snapshot.ProcessImage, stats *core.SnapshotStats) (snapshot.Result, error) {
 	dir, err := n.snaps.TempDir()
 	if err != nil {
 		return snapshot.Result{}, err
@@ -171,6 +193,7 @@ func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpo
 	}
 	// The data plane waits from here: the agent stops listening.
 	h.paused.Store(true)
+	h.dropParked()
 	var once sync.Once
 	t0 := time.Now()
 	release := func() {
@@ -215,7 +238,7 @@ func (n *Node) captureProcess(ctx context.Context, h *Sandbox, cp driver.Checkpo
 	stats.ProcessDriver = n.o.Driver.Name()
 	// The sandbox may run again once its layer is read: the image is
 	// files of the past moment already.
-	return n.snaps.CaptureProcess(ctx, layer, parent, snapshot.ImageSource{Dir: dir, Driver: n.o.Driver.Name(), LayerDone: release})
+	return n.snaps.CaptureProcess(ctx, layer, parent, snapshot.ImageSource{Dir: dir, Driver: n.o.Driver.Name(), LayerDone: release, Parent: parentImg})
 }
 
 // truncate bounds a message recorded in a snapshot.

@@ -225,3 +225,35 @@ contexts:
 		t.Fatal(got)
 	}
 }
+
+// Background keys wait behind the others and take at most lowMax workers.
+func TestQueuePriority(t *testing.T) {
+	q := newQueue()
+	q.low, q.lowMax = func(k string) bool { return strings.HasPrefix(k, "low") }, 1
+	q.add("low1")
+	q.add("low2")
+	q.add("high")
+	if k, _ := q.get(); k != "high" {
+		t.Fatalf("got %s first", k)
+	}
+	if k, _ := q.get(); k != "low1" {
+		t.Fatalf("got %s", k)
+	}
+	got := make(chan string, 1)
+	go func() { k, _ := q.get(); got <- k }()
+	select {
+	case k := <-got:
+		t.Fatalf("%s handed out while low1 held the one background worker", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	q.done("low1")
+	select {
+	case k := <-got:
+		if k != "low2" {
+			t.Fatalf("got %s", k)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("low2 not handed out after low1 was done")
+	}
+	q.close()
+}

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,9 +29,15 @@ import (
 type Options struct {
 	// Namespace limits the operator to one namespace; empty: all.
 	Namespace string
-	// Workers reconcile objects in parallel (default 32): SPACE creates
-	// and pauses wait on their operations.
+	// Workers reconcile Sandboxes and templates in parallel (default 32):
+	// SPACE creates and pauses wait on their operations.
 	Workers int
+	// ClaimWorkers reconcile claims and pools in parallel (default 128).
+	// A warm claim is two API writes and nothing else, so a burst's
+	// throughput is ClaimWorkers over the API server's write latency: at
+	// 32 workers and ~0.4 s per write on a loaded node, a burst of 1,000
+	// claims waited 8 s for a worker at p50.
+	ClaimWorkers int
 	// Resync re-reconciles every object this often (default 30 s), which
 	// picks up changes made on the SPACE side (a sandbox that failed, a
 	// timeout that fired).
@@ -55,6 +63,19 @@ type Operator struct {
 	// and its pool does not count it while the adoption is written.
 	reserved map[string]string
 	builds   map[string]*build // SPACE template name -> its build
+	// secrets: Sandbox key -> the SPACE id its Secret is known to hold
+	// (written or read by this operator), so that a Sandbox's Secret is
+	// read at most once per operator life (ensureSession).
+	secrets map[string]string
+	// claimTimes: when the operator first saw each claim not yet Ready and
+	// when a worker first took it up, for the debug log that splits a
+	// claim's latency into queueing and work.
+	claimTimes map[string]*claimTiming
+}
+
+type claimTiming struct {
+	seen, started time.Time
+	adopt, status time.Duration // the warm adoption's write, the claim's status write
 }
 
 // New makes an Operator; Run starts it.
@@ -62,16 +83,35 @@ func New(kube *Kube, space *client.Client, opts Options) *Operator {
 	if opts.Workers <= 0 {
 		opts.Workers = 32
 	}
+	if opts.ClaimWorkers <= 0 {
+		opts.ClaimWorkers = 128
+	}
 	if opts.Resync <= 0 {
 		opts.Resync = 30 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Operator{kube: kube, space: space, opts: opts, log: opts.Logger, q: &router{sandboxes: newQueue(), claims: newQueue()},
+	o := &Operator{kube: kube, space: space, opts: opts, log: opts.Logger, q: &router{sandboxes: newQueue(), claims: newQueue()},
 		sandboxes: map[string]*Sandbox{}, claims: map[string]*SandboxClaim{},
 		templates: map[string]*SandboxTemplate{}, pools: map[string]*SandboxWarmPool{},
-		reserved: map[string]string{}, builds: map[string]*build{}}
+		reserved: map[string]string{}, builds: map[string]*build{}, claimTimes: map[string]*claimTiming{},
+		secrets: map[string]string{}}
+	o.q.sandboxes.low, o.q.sandboxes.lowMax = o.refilling, max(1, opts.Workers/4)
+	return o
+}
+
+// refilling: the key is a warm pool's own unreserved Sandbox, whose
+// reconcile (its SPACE create) is background work next to claims.
+func (o *Operator) refilling(key string) bool {
+	if !strings.HasPrefix(key, kSandbox) {
+		return false
+	}
+	k := key[len(kSandbox):]
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	sb := o.sandboxes[k]
+	return sb != nil && sb.Metadata.Labels[LabelWarmPool] != "" && o.reserved[k] == "" && sb.Metadata.DeletionTimestamp == nil
 }
 
 // Key prefixes of the work queue.
@@ -104,21 +144,37 @@ func (o *Operator) Run(ctx context.Context) error {
 		}
 		rvs[i] = rv
 	}
+	// Which sandbox each claim holds, from the claims and the Sandboxes;
+	// Sandboxes of claims deleted while no operator ran are deleted.
+	var orphans []string
 	o.mu.Lock()
 	for k, c := range o.claims {
-		if n := c.Metadata.Annotations[AnnotClaimSandbox]; n != "" {
+		if n := o.claimSandbox(c); n != "" {
 			o.reserved[c.Metadata.Namespace+"/"+n] = k
 		}
 	}
+	for _, sb := range o.sandboxes {
+		for _, ref := range sb.Metadata.OwnerReferences {
+			if ck := sb.Metadata.Namespace + "/" + ref.Name; ref.Kind == "SandboxClaim" && o.claims[ck] == nil {
+				orphans = append(orphans, kClaim+ck)
+			}
+		}
+	}
 	o.mu.Unlock()
+	for _, k := range orphans {
+		o.q.add(k)
+	}
 	var wg sync.WaitGroup
 	for i, r := range kinds {
 		wg.Add(1)
 		go func() { defer wg.Done(); o.watchLoop(ctx, r, rvs[i]) }()
 	}
 	for range o.opts.Workers {
-		wg.Add(2)
+		wg.Add(1)
 		go func() { defer wg.Done(); o.worker(ctx, o.q.sandboxes) }()
+	}
+	for range o.opts.ClaimWorkers {
+		wg.Add(1)
 		go func() { defer wg.Done(); o.worker(ctx, o.q.claims) }()
 	}
 	o.enqueueAll()
@@ -157,28 +213,56 @@ func (o *Operator) enqueueAll() {
 	}
 }
 
-// relist replaces a kind's cache with a fresh list.
+// relist brings a kind's cache up to a fresh list: every listed object is
+// observed, then the cached ones the list lacks are dropped (and queued,
+// so their reconcile sees them gone). An object in both is never missing
+// from the cache meanwhile: a claim absent even briefly would have its
+// Sandbox deleted.
 func (o *Operator) relist(ctx context.Context, r Resource) (string, error) {
 	items, rv, err := o.kube.List(ctx, r, o.opts.Namespace)
 	if err != nil {
 		return "", err
 	}
-	o.mu.Lock()
-	switch r {
-	case ResSandbox:
-		clear(o.sandboxes)
-	case ResClaim:
-		clear(o.claims)
-	case ResTemplate:
-		clear(o.templates)
-	case ResWarmPool:
-		clear(o.pools)
-	}
-	o.mu.Unlock()
+	listed := map[string]bool{}
 	for _, raw := range items {
+		var m struct {
+			Metadata ObjectMeta `json:"metadata"`
+		}
+		if json.Unmarshal(raw, &m) == nil {
+			listed[objKey(m.Metadata)] = true
+		}
 		o.observe(r, "ADDED", raw)
 	}
+	var gone []string
+	o.mu.Lock()
+	prefix := ""
+	switch r {
+	case ResSandbox:
+		prefix, gone = kSandbox, dropUnlisted(o.sandboxes, listed)
+	case ResClaim:
+		prefix, gone = kClaim, dropUnlisted(o.claims, listed)
+	case ResTemplate:
+		prefix, gone = kTemplate, dropUnlisted(o.templates, listed)
+	case ResWarmPool:
+		prefix, gone = kPool, dropUnlisted(o.pools, listed)
+	}
+	o.mu.Unlock()
+	for _, k := range gone {
+		o.q.add(prefix + k)
+	}
 	return rv, nil
+}
+
+// dropUnlisted removes the keys of m not in listed and returns them.
+func dropUnlisted[T any](m map[string]T, listed map[string]bool) []string {
+	var gone []string
+	for k := range m {
+		if !listed[k] {
+			delete(m, k)
+			gone = append(gone, k)
+		}
+	}
+	return gone
 }
 
 // watchLoop follows a kind's changes, relisting when the watch's version
@@ -244,12 +328,16 @@ func (o *Operator) observe(r Resource, typ string, raw json.RawMessage) {
 		if old := o.sandboxes[k]; typ != "DELETED" && old != nil && !newerRV(sb.Metadata.ResourceVersion, old.Metadata.ResourceVersion) {
 			break
 		}
+		old := o.sandboxes[k]
 		if typ == "DELETED" {
 			delete(o.sandboxes, k)
+			delete(o.secrets, k)
 		} else {
 			o.sandboxes[k] = &sb
 		}
-		keys = append(keys, kSandbox+k)
+		if typ == "DELETED" || old == nil || !sameForReconcile(old, &sb) {
+			keys = append(keys, kSandbox+k)
+		}
 		if p := sb.Metadata.Labels[LabelWarmPool]; p != "" {
 			keys = append(keys, kPool+poolKeyForLabel(o, sb.Metadata.Namespace, p))
 		}
@@ -275,8 +363,12 @@ func (o *Operator) observe(r Resource, typ string, raw json.RawMessage) {
 		}
 		if typ == "DELETED" {
 			delete(o.claims, k)
+			delete(o.claimTimes, k)
 		} else {
 			o.claims[k] = &c
+			if o.claimTimes[k] == nil && findCondition(c.Status.Conditions, CondReady) == nil {
+				o.claimTimes[k] = &claimTiming{seen: time.Now()}
+			}
 		}
 		keys = append(keys, kClaim+k)
 	case ResTemplate:
@@ -314,7 +406,7 @@ func (o *Operator) observe(r Resource, typ string, raw json.RawMessage) {
 		// Claims waiting for this pool (it did not exist yet).
 		for ck, c := range o.claims {
 			if c.Metadata.Namespace == p.Metadata.Namespace && c.Spec.WarmPoolRef.Name == p.Metadata.Name &&
-				c.Metadata.Annotations[AnnotClaimSandbox] == "" {
+				c.Status.Sandbox.Name == "" && c.Metadata.Annotations[AnnotClaimSandbox] == "" {
 				keys = append(keys, kClaim+ck)
 			}
 		}
@@ -323,6 +415,17 @@ func (o *Operator) observe(r Resource, typ string, raw json.RawMessage) {
 	for _, k := range keys {
 		o.q.add(k)
 	}
+}
+
+// sameForReconcile: b differs from a only where reconcileSandbox does not
+// look (labels, owner references, status), so b needs no reconcile of its
+// own. A claim's adoption and the operator's own status writes are such
+// changes: in a burst of 1,000 warm claims each would otherwise cost a
+// reconcile and a SPACE GET. The resync still looks at every object.
+func sameForReconcile(a, b *Sandbox) bool {
+	am, bm := a.Metadata, b.Metadata
+	return am.Generation == bm.Generation && (am.DeletionTimestamp == nil) == (bm.DeletionTimestamp == nil) &&
+		slices.Equal(am.Finalizers, bm.Finalizers) && maps.Equal(am.Annotations, bm.Annotations)
 }
 
 // poolKeyForLabel maps a warm-pool label value back to the pool's key

@@ -14,11 +14,9 @@ func (o *Operator) poolMembers(ns, pool string) []*Sandbox {
 	label := poolLabel(pool)
 	var out []*Sandbox
 	for k, sb := range o.sandboxes {
-		if sb.Metadata.Namespace != ns || sb.Metadata.Labels[LabelWarmPool] != label ||
-			sb.Metadata.DeletionTimestamp != nil || o.reserved[k] != "" {
-			continue
+		if o.unclaimed(k, sb, ns, label) {
+			out = append(out, sb)
 		}
-		out = append(out, sb)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		ri, rj := isReady(out[i]), isReady(out[j])
@@ -28,6 +26,13 @@ func (o *Operator) poolMembers(ns, pool string) []*Sandbox {
 		return out[i].Metadata.Name < out[j].Metadata.Name
 	})
 	return out
+}
+
+// unclaimed: sb (key k) is a member of the pool labelled label in ns
+// that no claim holds. Called with o.mu held.
+func (o *Operator) unclaimed(k string, sb *Sandbox, ns, label string) bool {
+	return sb.Metadata.Namespace == ns && sb.Metadata.Labels[LabelWarmPool] == label &&
+		sb.Metadata.DeletionTimestamp == nil && o.reserved[k] == ""
 }
 
 func isReady(sb *Sandbox) bool {

@@ -89,7 +89,10 @@ func (o *Operator) reconcileSandbox(ctx context.Context, ns, name string) (time.
 			}
 		}
 	}
-	if err := o.refreshSession(ctx, sb, id); err != nil {
+	if err := o.ensureSession(ctx, sb, id, ssb.State == client.StateRunning); err != nil {
+		if serr := o.sandboxStatus(ctx, sb, notReady("SessionSecretFailed", err.Error())); serr != nil {
+			o.log.Warn("operator: status", "sandbox", objKey(sb.Metadata), "err", serr)
+		}
 		return 0, err
 	}
 	conds := stateConditions(ssb)
@@ -233,10 +236,15 @@ func (o *Operator) createSpace(ctx context.Context, sb *Sandbox, tmpl *SandboxTe
 		return 0, false, fmt.Errorf("record SPACE sandbox %s: %w", id, err)
 	}
 	o.put(ResSandbox, &out)
-	if err := o.writeSecret(ctx, &out, res.Session); err != nil {
+	// The Secret is written while SPACE starts the sandbox: one API round
+	// trip less before Ready.
+	secretErr := make(chan error, 1)
+	go func() { secretErr <- o.writeSecret(ctx, &out, res.Session) }()
+	_, opErr := o.space.WaitOperation(ctx, res.Operation.ID)
+	if err := <-secretErr; err != nil {
 		return 0, false, err
 	}
-	if _, err := o.space.WaitOperation(ctx, res.Operation.ID); err != nil {
+	if err := opErr; err != nil {
 		o.log.Warn("operator: SPACE create failed", "sandbox", objKey(sb.Metadata), "id", id, "err", err)
 	} else if len(pv.Command) > 0 {
 		// The container's command is the pod's main process: started once,
@@ -268,18 +276,62 @@ func (o *Operator) writeSecret(ctx context.Context, sb *Sandbox, s client.Sessio
 	if err != nil {
 		return fmt.Errorf("session secret %s: %w", objKey(sb.Metadata), err)
 	}
+	o.mu.Lock()
+	o.secrets[objKey(sb.Metadata)] = data["sandbox_id"]
+	o.mu.Unlock()
 	return nil
 }
 
-// refreshSession issues a new session before the Secret's expires.
-func (o *Operator) refreshSession(ctx context.Context, sb *Sandbox, id string) error {
+// ensureSession makes sure the Sandbox's Secret holds a session of its
+// SPACE sandbox before the Sandbox is reported Ready, and renews it an
+// hour before it expires. The SPACE id is recorded on the object before
+// the Secret is written (createSpace), so an operator killed between the
+// two, or whose Secret write failed, leaves a recorded Sandbox without a
+// Secret: the first reconcile of each Sandbox in an operator's life reads
+// its Secret (once; the Secrets it writes itself are known) and writes a
+// new session into it when it is missing or holds another sandbox's.
+// running: a missing Secret of a running sandbox is an error (retried);
+// a paused or gone one gets its session when it runs again.
+func (o *Operator) ensureSession(ctx context.Context, sb *Sandbox, id string, running bool) error {
+	key := objKey(sb.Metadata)
+	o.mu.Lock()
+	known := o.secrets[key] == id
+	o.mu.Unlock()
+	if !known {
+		var sec struct {
+			Data map[string][]byte `json:"data"`
+		}
+		err := o.kube.Get(ctx, ResSecret, sb.Metadata.Namespace, sb.Metadata.Name, &sec)
+		switch {
+		case err == nil && string(sec.Data["sandbox_id"]) == id && len(sec.Data["token"]) > 0:
+			o.mu.Lock()
+			o.secrets[key] = id
+			o.mu.Unlock()
+		case err == nil || IsNotFound(err):
+			if err := o.renewSession(ctx, sb, id); err != nil && running {
+				return err
+			}
+			return nil
+		default:
+			return fmt.Errorf("read secret %s: %w", key, err)
+		}
+	}
 	exp, err := time.Parse(time.RFC3339, sb.Metadata.Annotations[annotSessionExpires])
 	if err == nil && time.Until(exp) > sessionRefreshBefore {
 		return nil
 	}
+	if err := o.renewSession(ctx, sb, id); err != nil && running {
+		return err
+	}
+	return nil
+}
+
+// renewSession issues a new session of the SPACE sandbox, writes it to
+// the Secret and records its expiry on the Sandbox.
+func (o *Operator) renewSession(ctx context.Context, sb *Sandbox, id string) error {
 	s, err := o.space.NewSession(ctx, id)
 	if err != nil {
-		return nil //nolint:nilerr // a paused or gone sandbox gets one when it runs again
+		return fmt.Errorf("new session of %s: %w", id, err)
 	}
 	if err := o.writeSecret(ctx, sb, s); err != nil {
 		return err
@@ -323,6 +375,9 @@ func (o *Operator) finalizeSandbox(ctx context.Context, sb *Sandbox, id string) 
 	if err := o.kube.Delete(ctx, ResSecret, sb.Metadata.Namespace, sb.Metadata.Name); err != nil {
 		return fmt.Errorf("delete secret: %w", err)
 	}
+	o.mu.Lock()
+	delete(o.secrets, objKey(sb.Metadata))
+	o.mu.Unlock()
 	err := o.kube.MergePatch(ctx, ResSandbox, sb.Metadata.Namespace, sb.Metadata.Name, "", map[string]any{
 		"metadata": map[string]any{"resourceVersion": sb.Metadata.ResourceVersion,
 			"finalizers": withoutFinalizer(sb.Metadata.Finalizers)}}, nil)

@@ -4,16 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/space-sandbox/space/internal/audit"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent/client"
+	"github.com/space-sandbox/space/internal/audit"
 	"github.com/space-sandbox/space/internal/auth"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/httpx"
@@ -151,15 +153,99 @@ func (f *Forwarder) serve(w http.ResponseWriter, r *http.Request, t Target) {
 	// closes the upstream connection: a streamed response (the code
 	// interpreter's /execute) was cut right after its header.
 	http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already
-	ctx := context.WithValue(r.Context(), targetKey{}, &forward{t: t, sb: sb})
-	f.proxy.ServeHTTP(w, r.WithContext(ctx))
+	fw := &forward{t: t, sb: sb}
+	ctx := context.WithValue(r.Context(), targetKey{}, fw)
+	ew := &endWriter{ResponseWriter: w, fw: fw}
+	defer ew.finish()
+	f.proxy.ServeHTTP(ew, r.WithContext(ctx))
 }
 
 // forward is what a request being forwarded carries in its context.
 type forward struct {
 	t  Target
 	sb *node.Sandbox
+	// ended is set once the sandbox's answer has been read to its end.
+	ended atomic.Bool
 }
+
+// endBody is the sandbox's answer body; it notes its end in fw.
+type endBody struct {
+	io.ReadCloser
+	fw *forward
+}
+
+func (b *endBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.fw.ended.Store(true)
+	}
+	return n, err
+}
+
+// endWriter sends a streamed answer in as few writes as it can: the
+// proxy flushes every piece of a body of unknown length (the code
+// interpreter's NDJSON) and, at once and from another goroutine, the
+// header before it. Each write is a wake-up of the client. The header's
+// own flush waits headerFlushDelay for the first piece of the body (and
+// goes with it if it comes), and the flush after the last piece is left
+// to net/http, which writes the end of the chunked body with it when the
+// handler returns: a quick answer whose server wrote it at once leaves in
+// one write where it took three.
+type endWriter struct {
+	http.ResponseWriter
+	fw *forward
+
+	mu    sync.Mutex
+	wrote bool        // a piece of the body was written
+	done  bool        // the handler is returning: w is no longer ours
+	timer *time.Timer // the header's delayed flush
+}
+
+// headerFlushDelay is how long the header of a streamed answer may wait
+// for the first piece of its body.
+const headerFlushDelay = 5 * time.Millisecond
+
+func (w *endWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *endWriter) FlushError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.fw.ended.Load():
+		return nil // the handler returns next, and net/http flushes then
+	case !w.wrote:
+		if w.timer == nil {
+			w.timer = time.AfterFunc(headerFlushDelay, w.flushHeader)
+		}
+		return nil
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *endWriter) flushHeader() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done && !w.wrote {
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// finish stops the delayed flush before the handler returns.
+func (w *endWriter) finish() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
+func (w *endWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func forwardOf(ctx context.Context) *forward {
 	fw, _ := ctx.Value(targetKey{}).(*forward)
@@ -377,6 +463,12 @@ func stripCookie(h http.Header) {
 // all sandboxes share one origin, so the page is put in a CSP sandbox (an
 // opaque origin) and cannot read other sandboxes' responses.
 func (f *Forwarder) modifyResponse(resp *http.Response) error {
+	// Not a 101: the proxy takes an upgraded connection's body as the
+	// connection itself.
+	if fw := forwardOf(resp.Request.Context()); fw != nil && resp.StatusCode != http.StatusSwitchingProtocols &&
+		resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = &endBody{ReadCloser: resp.Body, fw: fw}
+	}
 	if cs := resp.Header.Values("Set-Cookie"); len(cs) > 0 {
 		resp.Header.Del("Set-Cookie")
 		for _, c := range cs {

@@ -60,6 +60,8 @@ type Config struct {
 	DataURL        string // public data-plane URL handed to clients (default http://DataListen)
 	Driver         string // "namespace", "gvisor", "qemu", "firecracker" or "auto"
 	Runsc          string // runsc for the gvisor driver (default: the pinned build in /var/cache/space/runsc, then PATH)
+	NamespaceCRIU  bool   // namespace driver: process checkpoints with CRIU where found (--namespace-criu, default on)
+	CgroupParent   string // namespace driver: sandboxes' cgroups below this path, not the process's own (--cgroup-parent)
 	QEMUAccel      string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
 	AgentPath      string // the space binary, exec'd as each sandbox's PID 1
 	WarmPool       int
@@ -321,6 +323,8 @@ func newNamespace(cfg Config, logf func(string, ...any), network *egress.Network
 		DefaultLimits: driverDefaults(cfg),
 		Disks:         cfg.disks,
 		Network:       hook,
+		Checkpoints:   cfg.NamespaceCRIU,
+		CgroupParent:  cfg.CgroupParent,
 		Logf:          logf,
 	})
 	if err != nil || network == nil {
@@ -720,12 +724,24 @@ func IsPostgres(store string) bool {
 
 // OpenStore opens the store named by store ("" or "sqlite": dataDir/space.db;
 // a postgres:// DSN: that database, scoped to node; see postgres.Options).
+//
+// A failed open returns a nil interface, never a nil *Store in one: the
+// caller's cleanup closes what is non-nil (a server whose database was not
+// up yet panicked there on Kubernetes instead of saying why).
 func OpenStore(ctx context.Context, store, dataDir, node string, logf func(string, ...any)) (core.Store, error) {
 	switch {
 	case store == "" || store == "sqlite":
-		return sqlite.Open(ctx, filepath.Join(dataDir, "space.db"))
+		st, err := sqlite.Open(ctx, filepath.Join(dataDir, "space.db"))
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
 	case IsPostgres(store):
-		return postgres.Open(ctx, store, postgres.Options{Node: node, Logf: logf})
+		st, err := postgres.Open(ctx, store, postgres.Options{Node: node, Logf: logf})
+		if err != nil {
+			return nil, err
+		}
+		return st, nil
 	default:
 		return nil, fmt.Errorf("store: want sqlite or a postgres:// DSN: %w", core.ErrInvalid)
 	}
@@ -773,11 +789,40 @@ func (s *Server) Network() *egress.Network { return s.net }
 func (s *Server) Shutdown(ctx context.Context) error {
 	done := shutdownLog(s.cfg.Logger, "server", s.engine, s.liveHere(ctx))
 	defer done()
+	s.drain(ctx)
 	s.closeAll(ctx)
 	if s.node != nil {
 		tidyHost(s.cfg, s.node.Count(), s.net)
 	}
 	return nil
+}
+
+// drain stops taking connections and lets the operations already accepted
+// finish, for at most half the time ctx leaves (5 s without a deadline; the
+// rest is for closing): a replica replaced by a rolling restart must lose
+// none of them (test/k8s restarts the servers under a stream of creates
+// and deletes). What is still running after that is cancelled by closeAll.
+func (s *Server) drain(ctx context.Context) {
+	if s.engine == nil || s.engine.Running() == 0 {
+		return
+	}
+	// Shutdown closes the listeners at once and then waits for the open
+	// connections (long polls among them): not that wait, here.
+	for _, h := range []*http.Server{s.ctrl, s.data} {
+		if h != nil {
+			go h.Shutdown(ctx)
+		}
+	}
+	budget := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		budget = time.Until(dl) / 2
+	}
+	dctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	t0 := time.Now()
+	n := s.engine.Running()
+	left := s.engine.Drain(dctx)
+	s.cfg.Logger.Info("shutdown: drained operations", "operations", n, "left", left, "duration_ms", time.Since(t0).Milliseconds())
 }
 
 func (s *Server) closeAll(ctx context.Context) {
@@ -790,6 +835,20 @@ func (s *Server) closeAll(ctx context.Context) {
 		if ln != nil {
 			ln.Close()
 		}
+	}
+	// A request whose handler was still running when drain found nothing
+	// to wait for may have started an operation since (test/k8s: a delete
+	// accepted 25 ms before the cancel was lost in a rolling restart); the
+	// handlers are done now, so let those finish too.
+	if s.engine != nil && s.engine.Running() > 0 {
+		budget := 5 * time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			budget = time.Until(dl) / 2
+		}
+		dctx, cancel := context.WithTimeout(ctx, budget)
+		left := s.engine.Drain(dctx)
+		cancel()
+		s.cfg.Logger.Info("shutdown: drained operations its last requests started", "left", left)
 	}
 	if s.cancel != nil {
 		s.cancel()

@@ -43,6 +43,13 @@ func tidyHost(cfg Config, left int, n *egress.Network) {
 			m.RemoveBase()
 		}
 	}
+	if cfg.CgroupParent != "" {
+		// The namespace driver's base below --cgroup-parent (the parent
+		// itself is the operator's).
+		if m, err := cgroups.NewUnder(cfg.CgroupParent, base); err == nil {
+			m.RemoveBase()
+		}
+	}
 	// runsc makes the same names in hierarchies the cgroups package does
 	// not manage (blkio, cpuset, devices, freezer, systemd, ...): remove
 	// those too, deepest first, each only if empty.

@@ -113,6 +113,7 @@ func (s *Store) capture(ctx context.Context, layer driver.Layer, parent State, i
 		}
 		c.res.ImageFiles, c.res.ImageBytes = len(m.Process.Files), m.Process.Bytes()
 	}
+	m.Version = manifestVersionOf(m.Process)
 	if err := m.validate(); err != nil {
 		return c.res, fmt.Errorf("snapshot: layer not recordable: %w", err)
 	}

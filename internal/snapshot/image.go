@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -22,6 +21,9 @@ type ImageSource struct {
 	// LayerDone, if set, is called once the layer has been read, before
 	// the image is: the sandbox need not stay frozen while it is stored.
 	LayerDone func()
+	// Parent, if set, is the image of the parent snapshot: its chunks
+	// are reused without being compressed again when unchanged.
+	Parent *ProcessImage
 }
 
 // TempDir makes an empty private directory under the store's tmp dir, for
@@ -37,11 +39,20 @@ func (s *Store) TempDir() (string, error) {
 	return d, nil
 }
 
-// storeImage cuts every regular file under src.Dir into stored chunks. The
-// walk is fd-relative and follows no link; anything but directories and
-// regular files is refused (a checkpoint has nothing else).
+// storeImage cuts every regular file under src.Dir into stored chunks
+// (format 2: page-aligned, compressed, pages.go). The walk is fd-relative
+// and follows no link; anything but directories and regular files is
+// refused (a checkpoint has nothing else).
 func (c *capturer) storeImage(src ImageSource) (*ProcessImage, error) {
-	pi := &ProcessImage{Driver: src.Driver}
+	pi := &ProcessImage{Driver: src.Driver, Format: imageFormatPaged}
+	w, err := newImageWriter(c.s, src.Parent)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	if cap(c.buf) < splitBufSize {
+		c.buf = make([]byte, splitBufSize)
+	}
 	root, err := unix.Open(src.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: open process image: %w", err)
@@ -75,7 +86,7 @@ func (c *capturer) storeImage(src ImageSource) (*ProcessImage, error) {
 					return err
 				}
 			case unix.S_IFREG:
-				f, err := c.imageFile(dirfd, name, p)
+				f, err := c.imageFile(w, dirfd, name, p)
 				if err != nil {
 					return err
 				}
@@ -95,7 +106,7 @@ func (c *capturer) storeImage(src ImageSource) (*ProcessImage, error) {
 	return pi, nil
 }
 
-func (c *capturer) imageFile(dirfd int, name, p string) (ImageFile, error) {
+func (c *capturer) imageFile(w *imageWriter, dirfd int, name, p string) (ImageFile, error) {
 	f := ImageFile{Path: p}
 	fd, err := openBeneath(dirfd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
@@ -103,37 +114,35 @@ func (c *capturer) imageFile(dirfd int, name, p string) (ImageFile, error) {
 	}
 	file := os.NewFile(uintptr(fd), p)
 	defer file.Close()
-	for {
+	err = splitPages(file, c.buf[:splitBufSize], func(raw []byte) error {
 		if err := c.ctx.Err(); err != nil {
-			return f, err
+			return err
 		}
-		n, err := io.ReadFull(file, c.buf)
-		if n > 0 {
-			if f.Size += int64(n); f.Size > MaxImageBytes {
-				return f, fmt.Errorf("snapshot: process image: %.100q larger than %d bytes", p, int64(MaxImageBytes))
-			}
-			d, isNew, perr := c.s.putChunk(c.ctx, c.buf[:n])
-			if perr != nil {
-				return f, perr
-			}
-			f.Chunks = append(f.Chunks, d)
-			if isNew {
-				c.res.ImageNewChunks++
-				c.res.ImageChunkBytes += int64(n)
-			}
+		if f.Size += int64(len(raw)); f.Size > MaxImageBytes {
+			return fmt.Errorf("snapshot: process image: %.100q larger than %d bytes", p, int64(MaxImageBytes))
 		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return f, nil
-		}
+		part, added, err := w.put(c.ctx, p, f.Size-int64(len(raw)), raw)
 		if err != nil {
-			return f, fmt.Errorf("snapshot: process image: read %.100q: %w", p, err)
+			return err
 		}
+		f.Parts = append(f.Parts, part)
+		if added > 0 {
+			c.res.ImageNewChunks++
+			c.res.ImageChunkBytes += added
+		}
+		return nil
+	})
+	if err != nil {
+		return f, fmt.Errorf("snapshot: process image: %.100q: %w", p, err)
 	}
+	return f, nil
 }
 
 // MaterializeImage writes a process image into the empty directory dir
 // (from TempDir), checking every chunk against its digest, for a driver's
-// restore.
+// restore. The whole image is written before it returns: runsc and CRIU
+// read their images from files (runsc's own -background loading works on
+// the file written here).
 func (s *Store) MaterializeImage(ctx context.Context, pi *ProcessImage, dir string) (int64, error) {
 	if err := pi.validate(); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -165,7 +174,7 @@ func (s *Store) MaterializeImage(ctx context.Context, pi *ProcessImage, dir stri
 		if err != nil {
 			return total, fmt.Errorf("snapshot: image file %.100q: %w", f.Path, err)
 		}
-		n, err := s.writeImageFile(pfd, path.Base(f.Path), f, buf)
+		n, err := s.writeImageFile(ctx, pfd, path.Base(f.Path), f, pi.Format == imageFormatPaged, buf)
 		unix.Close(pfd)
 		total += n
 		if err != nil {
@@ -175,13 +184,16 @@ func (s *Store) MaterializeImage(ctx context.Context, pi *ProcessImage, dir stri
 	return total, nil
 }
 
-func (s *Store) writeImageFile(pfd int, name string, f ImageFile, buf []byte) (int64, error) {
+func (s *Store) writeImageFile(ctx context.Context, pfd int, name string, f ImageFile, paged bool, buf []byte) (int64, error) {
 	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return 0, err
 	}
 	out := os.NewFile(uintptr(fd), name)
 	defer out.Close()
+	if paged {
+		return s.writePagedFile(ctx, out, f)
+	}
 	var n int64
 	for _, c := range f.Chunks {
 		data, err := s.readChunk(c, buf)

@@ -46,15 +46,49 @@ type Manifest struct {
 // chunks like the layer's (identical pages across snapshots and sandboxes
 // are stored once).
 type ProcessImage struct {
-	Driver string      `json:"driver"` // the driver that can restore it
+	Driver string `json:"driver"` // the driver that can restore it
+	// Format is 0 for images whose files are fixed 1 MiB raw chunks
+	// (Chunks; written before format 2, still restored) and 2 for
+	// page-aligned compressed chunks (Parts; pages.go). A manifest with
+	// a format-2 image is version 2, so that a node that predates it
+	// refuses it instead of misreading it.
+	Format int         `json:"f,omitempty"`
 	Files  []ImageFile `json:"files"`
 }
 
 // ImageFile is one file of a checkpoint directory.
 type ImageFile struct {
-	Path   string   `json:"p"` // relative, slash-separated
-	Size   int64    `json:"s"`
-	Chunks []string `json:"c,omitempty"`
+	Path   string      `json:"p"` // relative, slash-separated
+	Size   int64       `json:"s"`
+	Chunks []string    `json:"c,omitempty"` // format 0
+	Parts  []ImagePart `json:"z,omitempty"` // format 2
+}
+
+// ImagePart is one chunk of a format-2 image file, in file order.
+type ImagePart struct {
+	Object string `json:"o"` // the stored (compressed) chunk's digest
+	Sum    string `json:"h"` // SHA-256 of the uncompressed content
+	Len    int    `json:"n"` // uncompressed length
+	// Base, if set, is a chunk stored whole (no Base of its own) whose
+	// content is the zstd dictionary Object was compressed with: a
+	// chunk that changed a little since the parent image is stored as
+	// the difference to the parent's version (pages.go).
+	Base string `json:"b,omitempty"`
+}
+
+// chunkRefs calls fn with every stored chunk the image names.
+func (pi *ProcessImage) chunkRefs(fn func(string)) {
+	for _, f := range pi.Files {
+		for _, c := range f.Chunks {
+			fn(c)
+		}
+		for _, p := range f.Parts {
+			fn(p.Object)
+			if p.Base != "" {
+				fn(p.Base)
+			}
+		}
+	}
 }
 
 // Bounds on a process image.
@@ -82,13 +116,11 @@ func (pi *ProcessImage) validate() error {
 			return fmt.Errorf("process image: bad or repeated path %.100q", f.Path)
 		}
 		seen[f.Path] = true
-		if f.Size < 0 || f.Size > MaxImageBytes || int64(len(f.Chunks)) != (f.Size+ChunkSize-1)/ChunkSize {
-			return fmt.Errorf("process image: %.100q: %d chunks for %d bytes", f.Path, len(f.Chunks), f.Size)
+		if f.Size < 0 || f.Size > MaxImageBytes {
+			return fmt.Errorf("process image: %.100q: bad size %d", f.Path, f.Size)
 		}
-		for _, c := range f.Chunks {
-			if !ValidDigest(c) {
-				return fmt.Errorf("process image: %.100q: bad chunk digest", f.Path)
-			}
+		if err := pi.validateChunks(f); err != nil {
+			return err
 		}
 		if total += f.Size; total > MaxImageBytes {
 			return errors.New("process image: too large")
@@ -105,6 +137,42 @@ func (pi *ProcessImage) validate() error {
 	return nil
 }
 
+// validateChunks checks a file's chunk list against its size.
+func (pi *ProcessImage) validateChunks(f ImageFile) error {
+	switch pi.Format {
+	case 0:
+		if len(f.Parts) > 0 || int64(len(f.Chunks)) != (f.Size+ChunkSize-1)/ChunkSize {
+			return fmt.Errorf("process image: %.100q: %d chunks for %d bytes", f.Path, len(f.Chunks), f.Size)
+		}
+		for _, c := range f.Chunks {
+			if !ValidDigest(c) {
+				return fmt.Errorf("process image: %.100q: bad chunk digest", f.Path)
+			}
+		}
+	case imageFormatPaged:
+		if len(f.Chunks) > 0 || int64(len(f.Parts)) > (f.Size+pageSize-1)/pageSize {
+			return fmt.Errorf("process image: %.100q: %d chunks for %d bytes", f.Path, len(f.Parts), f.Size)
+		}
+		var n int64
+		for i, p := range f.Parts {
+			last := i == len(f.Parts)-1
+			if p.Len <= 0 || p.Len > MaxImageChunk || (!last && p.Len%pageSize != 0) {
+				return fmt.Errorf("process image: %.100q: chunk %d: bad length %d", f.Path, i, p.Len)
+			}
+			if !ValidDigest(p.Object) || !ValidDigest(p.Sum) || (p.Base != "" && !ValidDigest(p.Base)) {
+				return fmt.Errorf("process image: %.100q: bad chunk digest", f.Path)
+			}
+			n += int64(p.Len)
+		}
+		if n != f.Size {
+			return fmt.Errorf("process image: %.100q: chunks hold %d bytes, want %d", f.Path, n, f.Size)
+		}
+	default:
+		return fmt.Errorf("process image: unknown format %d", pi.Format)
+	}
+	return nil
+}
+
 // Bytes is the image's total size.
 func (pi *ProcessImage) Bytes() int64 {
 	var n int64
@@ -114,7 +182,12 @@ func (pi *ProcessImage) Bytes() int64 {
 	return n
 }
 
-const manifestVersion = 1
+// Manifest versions: 1 for every manifest without a format-2 process
+// image (so that nodes which predate format 2 still read them), 2 with one.
+const (
+	manifestVersion      = 1
+	manifestVersionPaged = 2
+)
 
 // Entry is one file of the writable layer. Ids are the sandbox's own (host
 // id minus the layer's base), so a snapshot restores under any base.
@@ -218,8 +291,9 @@ func (e *Entry) validate() error {
 }
 
 func (m *Manifest) validate() error {
-	if m.Version != manifestVersion {
-		return fmt.Errorf("version %d, want %d", m.Version, manifestVersion)
+	paged := m.Process != nil && m.Process.Format == imageFormatPaged
+	if want := manifestVersionOf(m.Process); m.Version != want {
+		return fmt.Errorf("version %d, want %d (format-2 process image: %v)", m.Version, want, paged)
 	}
 	if len(m.Entries)+len(m.Removed) > MaxEntries {
 		return errors.New("too many entries")
@@ -238,6 +312,14 @@ func (m *Manifest) validate() error {
 		return m.Process.validate()
 	}
 	return nil
+}
+
+// manifestVersionOf is the version of a manifest with process image pi.
+func manifestVersionOf(pi *ProcessImage) int {
+	if pi != nil && pi.Format == imageFormatPaged {
+		return manifestVersionPaged
+	}
+	return manifestVersion
 }
 
 // keepXattr says which extended attributes a snapshot records: the

@@ -134,9 +134,7 @@ func (s *Store) prefetch(ctx context.Context, b Backend, st State, img *ProcessI
 		}
 	}
 	if img != nil {
-		for _, f := range img.Files {
-			add(f.Chunks)
-		}
+		img.chunkRefs(func(c string) { add([]string{c}) })
 	}
 	if len(need) == 0 {
 		return nil
@@ -223,11 +221,7 @@ func (s *Store) GCShared(ctx context.Context, keep []string, minAge time.Duratio
 			}
 		}
 		if m.Process != nil {
-			for _, f := range m.Process.Files {
-				for _, c := range f.Chunks {
-					refs[c] = true
-				}
-			}
+			m.Process.chunkRefs(func(c string) { refs[c] = true })
 		}
 	}
 	if len(keep) > 0 && found == 0 {

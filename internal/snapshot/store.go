@@ -216,6 +216,13 @@ func (s *Store) LoadState(ctx context.Context, chain []string) (State, error) {
 	return st, err
 }
 
+// LoadParent is LoadState plus the last manifest's process image (nil
+// when it has none), for a capture whose parent is the chain: nothing is
+// prefetched (a capture only reuses the image's chunks it holds).
+func (s *Store) LoadParent(ctx context.Context, chain []string) (State, *ProcessImage, error) {
+	return s.loadChain(ctx, chain, s.Shared())
+}
+
 // LoadChain is LoadState plus the last manifest's process image (nil when
 // it has none: a process image is never inherited from a parent). With a
 // shared store, every chunk the state and image need is made local first
@@ -311,11 +318,7 @@ func (s *Store) GC(ctx context.Context, keep []string) (GCResult, error) {
 			}
 		}
 		if m.Process != nil {
-			for _, f := range m.Process.Files {
-				for _, c := range f.Chunks {
-					refs[c] = true
-				}
-			}
+			m.Process.chunkRefs(func(c string) { refs[c] = true })
 		}
 	}
 	if ents, err := os.ReadDir(filepath.Join(s.dir, "tmp")); err == nil {

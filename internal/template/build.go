@@ -530,6 +530,7 @@ func (m *Manager) buildStep(ctx context.Context, pl *plan, parent string, in Ins
 func (m *Manager) nameLayer(name, layer string, cfg Defaults) (Template, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.builtins, name)
 	hx := strings.TrimPrefix(layer, "sha256:")
 	if _, err := os.Lstat(m.rootfsPath(hx)); err != nil {
 		return Template{}, fmt.Errorf("template: layer %s vanished: %w", layer, err)
@@ -561,11 +562,10 @@ func (m *Manager) Alias(existing, name string) (Template, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, err := m.readName(existing)
-	if err != nil {
-		return Template{}, err
-	}
-	r.Name, r.CreatedAt = name, time.Now().UTC()
+	delete(m.builtins, name)
+	// From t, not existing's file: a builtin is this manager's own build.
+	r := nameRecord{Name: name, Digest: t.Digest, Source: t.Source, Defaults: t.Defaults,
+		SizeBytes: t.SizeBytes, Files: t.Files, CreatedAt: time.Now().UTC(), Warm: t.Warm}
 	if _, err := os.Lstat(t.RootfsDir); err != nil {
 		return Template{}, fmt.Errorf("%w: %q: rootfs missing", ErrNotFound, existing)
 	}

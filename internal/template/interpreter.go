@@ -31,6 +31,9 @@ const interpDir = "opt/space/interpreter"
 var interpreterPackages = []string{
 	"python3", "ca-certificates", "python3-ipykernel", "python3-jupyter-client",
 	"python3-numpy", "python3-pandas", "python3-matplotlib", "nodejs",
+	// TypeScript contexts transpile each cell with it (67 MB, no new
+	// dependencies beyond nodejs).
+	"node-typescript",
 	// R's Jupyter kernel; Debian installs its kernelspec ("ir").
 	"r-base-core", "r-cran-irkernel",
 }

@@ -165,6 +165,14 @@ type Manager struct {
 	// pins counts builds using a tree (a build file's base and step
 	// layers, which no name refers to yet), so GC leaves it alone.
 	pins map[string]int
+	// builtins are the builtin templates this manager ensured
+	// (EnsureBuiltin), by name: Get answers them whatever the name's file
+	// says now. Servers of different versions sharing one directory (test
+	// servers of several checkouts, a rolling upgrade) each point the
+	// builtin names at their own build when they start; without this the
+	// last one to start decided, for all of them, which tree (which
+	// code-interpreter server) new sandboxes got.
+	builtins map[string]Template
 }
 
 type flight struct {
@@ -209,7 +217,7 @@ func NewManager(dir string, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template: resolve %q: %w", dir, err)
 	}
-	m := &Manager{dir: abs, opts: opts, inflight: map[string]*flight{}, mmdeb: map[string]string{}, pins: map[string]int{}}
+	m := &Manager{dir: abs, opts: opts, inflight: map[string]*flight{}, mmdeb: map[string]string{}, pins: map[string]int{}, builtins: map[string]Template{}}
 	// 0711 on the path to rootfs/ lets the sandbox's (shifted) root traverse
 	// it to mount the overlay without being able to list other templates.
 	for _, d := range []struct {
@@ -394,12 +402,20 @@ func (m *Manager) Get(name string) (Template, error) {
 		return Template{}, fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	r, err := m.readName(name)
-	if err != nil {
+	m.mu.Lock()
+	b, pinned := m.builtins[name]
+	m.mu.Unlock()
+	var t Template
+	switch {
+	case pinned && (err != nil || r.Digest != b.Digest):
+		t = b // another manager re-pointed (or removed) the name
+	case err != nil:
 		return Template{}, err
+	default:
+		t = m.toTemplate(r)
 	}
-	t := m.toTemplate(r)
 	if _, err := os.Lstat(t.RootfsDir); err != nil {
-		return Template{}, fmt.Errorf("%w: %q: rootfs %s missing", ErrNotFound, name, r.Digest)
+		return Template{}, fmt.Errorf("%w: %q: rootfs %s missing", ErrNotFound, name, t.Digest)
 	}
 	return t, nil
 }
@@ -436,6 +452,7 @@ func (m *Manager) Remove(name string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.builtins, name)
 	if err := os.Remove(m.namePath(name)); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("%w: %q", ErrNotFound, name)
@@ -472,6 +489,7 @@ func (m *Manager) RestoreName(name string, prev *Template) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.builtins, name)
 	if prev == nil {
 		if err := os.Remove(m.namePath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("template: remove %q: %w", name, err)
@@ -511,6 +529,9 @@ func (m *Manager) GC(ctx context.Context, keep func(digest string) bool) ([]stri
 			return nil, fmt.Errorf("template: gc: %w", err)
 		}
 		used[r.Digest] = true
+	}
+	for _, b := range m.builtins {
+		used[b.Digest] = true
 	}
 	ents, err := os.ReadDir(m.rootfsRoot())
 	if err != nil {
@@ -569,7 +590,14 @@ func (m *Manager) EnsureBuiltin(ctx context.Context, name string, p Progress) (T
 	if err != nil {
 		return Template{}, err
 	}
-	return m.Build(ctx, req, p)
+	t, err := m.Build(ctx, req, p)
+	if err != nil {
+		return t, err
+	}
+	m.mu.Lock()
+	m.builtins[name] = t
+	m.mu.Unlock()
+	return t, nil
 }
 
 func builtinRequest(name string) (BuildRequest, error) {
@@ -614,6 +642,11 @@ func (m *Manager) Build(ctx context.Context, req BuildRequest, p Progress) (Temp
 	if err := req.Defaults.validate(); err != nil {
 		return Template{}, err
 	}
+	// A build of the name here replaces this manager's builtin of it
+	// (EnsureBuiltin pins its own build again when this returns).
+	m.mu.Lock()
+	delete(m.builtins, req.Name)
+	m.mu.Unlock()
 	pl, err := m.plan(ctx, req, p)
 	if err != nil {
 		return Template{}, err

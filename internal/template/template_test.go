@@ -767,3 +767,73 @@ func TestCleanEntryName(t *testing.T) {
 		}
 	}
 }
+
+// TestBuiltinPinnedPerManager: servers of different versions sharing one
+// template directory each get their own build of a builtin, whichever
+// started last (each points the name's file at its build at start).
+func TestBuiltinPinnedPerManager(t *testing.T) {
+	requireRoot(t)
+	orig, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skip("needs /bin/busybox (busybox-static)")
+	}
+	// Another version: another busybox binary, another digest.
+	other := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(other, append(orig, 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	open := func(bb string) *Manager {
+		m, err := NewManager(dir, Options{UIDBase: testBase, NoSync: true, Logf: t.Logf, BusyboxPath: bb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	ctx := context.Background()
+	a, b := open(""), open(other)
+	ta, err := a.EnsureBuiltin(ctx, BuiltinMinimal, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := b.EnsureBuiltin(ctx, BuiltinMinimal, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ta.Digest == tb.Digest {
+		t.Fatalf("both versions built %s", ta.Digest)
+	}
+	fresh := open("") // ensured nothing: reads the name's file, the last start
+	for _, c := range []struct {
+		m    *Manager
+		want string
+	}{{a, ta.Digest}, {b, tb.Digest}, {fresh, tb.Digest}} {
+		got, err := c.m.Get(BuiltinMinimal)
+		if err != nil || got.Digest != c.want || got.RootfsDir != filepath.Join(dir, "rootfs", strings.TrimPrefix(c.want, "sha256:")) {
+			t.Errorf("Get = %s (%s), %v; want %s", got.Digest, got.RootfsDir, err, c.want)
+		}
+	}
+	if l, err := a.List(); err != nil || len(l) != 1 || l[0].Digest != ta.Digest {
+		t.Errorf("a's list %+v, %v", l, err)
+	}
+	// A GC by a alone keeps the tree a pinned (the name's file is b's).
+	b.Close()
+	fresh.Close()
+	if removed, err := a.GC(ctx, nil); err != nil || len(removed) != 0 {
+		t.Errorf("GC removed %v, %v; want nothing (b's tree is named, a's pinned)", removed, err)
+	}
+	if _, err := os.Stat(ta.RootfsDir); err != nil {
+		t.Errorf("GC removed the pinned tree: %v", err)
+	}
+	// An alias of a pinned builtin is a's tree; removing the name drops the pin.
+	if al, err := a.Alias(BuiltinMinimal, "mine"); err != nil || al.Digest != ta.Digest {
+		t.Errorf("alias %s, %v", al.Digest, err)
+	}
+	if err := a.Remove(BuiltinMinimal); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Get(BuiltinMinimal); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after Remove: %s, %v", got.Digest, err)
+	}
+}

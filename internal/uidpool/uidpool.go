@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,7 +49,25 @@ var ErrExhausted = errors.New("uidpool: no free uid block")
 type Pool struct {
 	dir          string
 	start, count uint32
+
+	// Where Alloc looks first: the blocks this Pool freed, lowest first,
+	// then the block after the last one it handed out. Listing the
+	// registry on every create cost 2.5 ms of CPU with 2,000 entries
+	// (stop 37); a block named here may have been taken by another process
+	// meanwhile, which the exclusive claim (claim) sees, so these are only
+	// hints.
+	mu    sync.Mutex
+	freed []uint64 // offsets from start, at most maxFreed
+	next  uint64   // offset from start
+	hint  bool     // next was set by an Alloc of this Pool
 }
+
+// probes is how many blocks from the hint Alloc tries before it lists the
+// registry; maxFreed bounds the freed blocks it remembers.
+const (
+	probes   = 8
+	maxFreed = 4096
+)
 
 // Open prepares the registry dir. start must be a multiple of BlockSize
 // and count a positive multiple of it.
@@ -137,10 +156,13 @@ func (p *Pool) write(base uint32, owner string) error {
 	return nil
 }
 
-// Alloc hands the lowest free block to owner (an absolute path that exists
-// for as long as the block is in use) and returns its first id. The lowest
-// block, so the ranges in use (and the per-range state others keep, such
-// as idmap's namespaces) stay few.
+// Alloc hands a free block to owner (an absolute path that exists for as
+// long as the block is in use) and returns its first id: the lowest block
+// this Pool freed, or else the block after the last one it handed out, if
+// still free, else the lowest free block in the registry. Low blocks, so the ranges in
+// use (and the per-range state others keep, such as idmap's namespaces)
+// stay few; a block another process freed below the hint is reused once
+// the hint runs into used blocks.
 func (p *Pool) Alloc(owner string) (uint32, error) {
 	if !filepath.IsAbs(owner) || len(owner) > maxOwner {
 		return 0, fmt.Errorf("uidpool: owner %q must be an absolute path", owner)
@@ -150,13 +172,104 @@ func (p *Pool) Alloc(owner string) (uint32, error) {
 		return 0, err
 	}
 	defer unlock()
-	ents, err := os.ReadDir(p.dir)
+	for {
+		off, ok := p.takeFreed()
+		if !ok {
+			break
+		}
+		claimed, err := p.claim(p.start+uint32(off), owner)
+		if err != nil {
+			return 0, err
+		}
+		if claimed {
+			return p.start + uint32(off), nil
+		}
+	}
+	p.mu.Lock()
+	next, hint := p.next, p.hint
+	p.mu.Unlock()
+	if hint {
+		for off := next; off < uint64(p.count) && off < next+probes*BlockSize; off += BlockSize {
+			base := p.start + uint32(off)
+			ok, err := p.claim(base, owner)
+			if err != nil {
+				return 0, err
+			}
+			if ok {
+				p.setNext(off + BlockSize)
+				return base, nil
+			}
+		}
+	}
+	base, err := p.scan(owner)
+	if err == nil {
+		p.setNext(uint64(base-p.start) + BlockSize)
+	}
+	return base, err
+}
+
+// takeFreed removes and returns the lowest freed block this Pool
+// remembers.
+func (p *Pool) takeFreed() (uint64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.freed) == 0 {
+		return 0, false
+	}
+	i := 0
+	for j, off := range p.freed {
+		if off < p.freed[i] {
+			i = j
+		}
+	}
+	off := p.freed[i]
+	p.freed[i] = p.freed[len(p.freed)-1]
+	p.freed = p.freed[:len(p.freed)-1]
+	return off, true
+}
+
+// setNext moves the hint to off.
+func (p *Pool) setNext(off uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.next, p.hint = off, true
+}
+
+// claim records owner for base unless the block has an entry: the entry is
+// written aside and linked into place, which fails if it exists, so a
+// block another process took since the hint was set is never overwritten.
+// The caller holds the lock.
+func (p *Pool) claim(base uint32, owner string) (bool, error) {
+	tmp := p.entry(base) + ".tmp"
+	if err := os.WriteFile(tmp, []byte(owner), 0o600); err != nil {
+		return false, fmt.Errorf("uidpool: %w", err)
+	}
+	defer os.Remove(tmp)
+	err := os.Link(tmp, p.entry(base))
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("uidpool: %w", err)
+	}
+	return true, nil
+}
+
+// scan lists the registry and hands the lowest free block to owner,
+// reclaiming a stale one when none is free. The caller holds the lock.
+func (p *Pool) scan(owner string) (uint32, error) {
+	f, err := os.Open(p.dir)
 	if err != nil {
 		return 0, fmt.Errorf("uidpool: %w", err)
 	}
-	used := make(map[string]bool, len(ents))
-	for _, e := range ents {
-		used[e.Name()] = true
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return 0, fmt.Errorf("uidpool: %w", err)
+	}
+	used := make(map[string]bool, len(names))
+	for _, n := range names {
+		used[n] = true
 	}
 	// A gap first; only a full pool pays for checking owners.
 	for _, reclaim := range []bool{false, true} {
@@ -269,6 +382,13 @@ func (p *Pool) Free(base uint32, owner string) error {
 	}
 	if err := os.Remove(p.entry(base)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("uidpool: %w", err)
+	}
+	if p.Contains(base) {
+		p.mu.Lock()
+		if len(p.freed) < maxFreed {
+			p.freed = append(p.freed, uint64(base-p.start))
+		}
+		p.mu.Unlock()
 	}
 	return nil
 }

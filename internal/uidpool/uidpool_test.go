@@ -178,3 +178,47 @@ func TestReclaimSkipsRunningBlock(t *testing.T) {
 		t.Fatalf("reclaim after the process ended: %d %v", got, err)
 	}
 }
+
+// Alloc's hint (the block after its last one) never hands out a block
+// another Pool over the same registry took meanwhile, and a block this
+// Pool frees is the next it hands out.
+func TestAllocHintSkipsTakenBlocks(t *testing.T) {
+	p, dir := testPool(t, 8)
+	q, err := Open(p.dir, testStart, 8*BlockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := p.Alloc(owner(t, dir, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := q.Alloc(owner(t, dir, "b")) // the block p's hint names
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.Alloc(owner(t, dir, "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != testStart || b != testStart+BlockSize || c != testStart+2*BlockSize {
+		t.Fatalf("blocks %d, %d, %d; want the first three in order", a, b, c)
+	}
+	if o, _ := p.Owner(b); o != filepath.Join(dir, "b") {
+		t.Fatalf("q's block now owned by %q", o)
+	}
+	if err := p.Free(a, filepath.Join(dir, "a")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p.Alloc(owner(t, dir, "d")); err != nil || got != a {
+		t.Fatalf("alloc after free: %d, %v; want %d", got, err, a)
+	}
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) == ".tmp" {
+			t.Errorf("left %s in the registry", e.Name())
+		}
+	}
+}

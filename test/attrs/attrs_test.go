@@ -1,6 +1,7 @@
 package attrs
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/netns/netnstest"
 	"github.com/space-sandbox/space/test/testenv"
 )
@@ -177,6 +179,17 @@ func TestAttributesByPath(t *testing.T) {
 	snap := w.call(t, "POST", "/v1/sandboxes/"+src.ID+"/snapshots", map[string]any{}, 202)
 	w.op(t, snap)
 	snapID := snap["snapshot"].(map[string]any)["id"].(string)
+	// On namespace with scripts/criu.sh's CRIU, the sandbox's network
+	// (--egress) no longer keeps its processes out of the snapshot: a
+	// restore gives it a new one.
+	info := w.call(t, "GET", "/v1/info", nil, 200)
+	if _, _, err := criu.ProbeSandboxes(context.Background(), ""); err == nil && info["driver"] == "namespace" {
+		sn := w.call(t, "GET", "/v1/snapshots/"+snapID, nil, 200)
+		if sn["kind"] != "process" {
+			t.Errorf("snapshot of a sandbox with a network: kind %v (%v), want process", sn["kind"], sn["processes"])
+		}
+		t.Logf("namespace snapshot of a sandbox with a network: %v", sn["processes"])
+	}
 	fork := func(t *testing.T, req map[string]any) testenv.Sandbox {
 		t.Helper()
 		m := w.call(t, "POST", "/v1/snapshots/"+snapID+"/fork", req, 202)

@@ -75,6 +75,12 @@ func checkCode(t *testing.T, b *browser, srv *testenv.Server, key, id, shots str
 
 	b.eval(fmt.Sprintf(`location.hash = "#/sandbox/%s/code"`, id), nil)
 	b.waitFor(t, "the code tab", `document.querySelector("#code-input")`, 10*time.Second)
+	// Every language of the interpreter (docs/code-interpreter.md).
+	var langs string
+	b.eval(`Array.from(document.querySelectorAll("#code-language option")).map((o) => o.value).join(",")`, &langs)
+	if langs != "python,javascript,typescript,r,bash" {
+		t.Errorf("code tab languages %q", langs)
+	}
 	b.eval(`document.querySelector("#code-input").value = "print('hello')"; document.querySelector("#code-run").click()`, nil)
 	b.waitFor(t, "the run's output", `/done in/.test(document.querySelector("#code-status").textContent)`, 15*time.Second)
 	var got struct {

@@ -53,10 +53,12 @@ func TestCodeRoute(t *testing.T) {
 			t.Errorf("plot and table: %v %v", err, ex.Results)
 		}
 	})
-	t.Run("javascript, r, bash", func(t *testing.T) {
+	t.Run("javascript, typescript, r, bash", func(t *testing.T) {
 		for _, tc := range []struct{ lang, code, want string }{
 			{"javascript", "let j = 20; j * 2", "40"},
 			{"javascript", "j + 1", "21"},
+			{"typescript", "interface P { n: number }\nconst p: P = { n: 20 }; p.n * 2", "40"},
+			{"ts", "p.n + 1", "21"},
 			{"r", "r <- 20; r * 2", "[1] 40"},
 			{"r", "r + 1", "[1] 21"},
 		} {
@@ -65,7 +67,11 @@ func TestCodeRoute(t *testing.T) {
 				t.Errorf("%s %q: %+v %v, want %q", tc.lang, tc.code, ex, err, tc.want)
 			}
 		}
-		ex, err := sc.RunCode(ctx, client.CodeRequest{Code: "B=5; cd /tmp; echo \"b=$B\"", Language: "bash"}, nil)
+		ex, err := sc.RunCode(ctx, client.CodeRequest{Code: "let bad: = 1", Language: "typescript"}, nil)
+		if err != nil || ex.Error == nil || ex.Error.Name != "SyntaxError" {
+			t.Errorf("typescript syntax error: %+v %v", ex, err)
+		}
+		ex, err = sc.RunCode(ctx, client.CodeRequest{Code: "B=5; cd /tmp; echo \"b=$B\"", Language: "bash"}, nil)
 		if err != nil || !slices.Equal(ex.Stdout, []string{"b=5\n"}) {
 			t.Errorf("bash: %+v %v", ex, err)
 		}

@@ -6,6 +6,7 @@ package e2btest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/test/testenv"
 )
 
@@ -168,7 +170,13 @@ func TestSDK(t *testing.T) {
 	if conc == "" {
 		conc = "50"
 	}
-	runSuite(t, e, "sdk.test.mjs", 3*time.Minute, "SPACE_E2B_CONCURRENCY="+conc)
+	// Auto-pause hibernates: with the namespace driver's CRIU the suite
+	// also checks a background process runs on after the resume.
+	procs := "0"
+	if _, _, err := criu.ProbeSandboxes(context.Background(), ""); err == nil {
+		procs = "1"
+	}
+	runSuite(t, e, "sdk.test.mjs", 3*time.Minute, "SPACE_E2B_CONCURRENCY="+conc, "SPACE_E2B_PROCESSES="+procs)
 }
 
 // createRaw makes a sandbox through the E2B REST API.

@@ -148,6 +148,20 @@ describe('@e2b/code-interpreter against SPACE', () => {
     await sbx.removeCodeContext(ctx)
   })
 
+  test('TypeScript: cells are transpiled in their own context; types stripped, syntax checked', async () => {
+    const a = await sbx.runCode('interface P { n: number }\nconst p: P = { n: 40 }\np.n + 2', { language: 'typescript' })
+    assert.equal(a.text, '42', JSON.stringify(a))
+    const b = await sbx.runCode('import * as path from "path"; path.join("a", String(p.n as number))', { language: 'ts' })
+    assert.equal(b.text, 'a/40', JSON.stringify(b))
+    assert.equal((await sbx.runCode('typeof p', { language: 'javascript' })).text, 'undefined')
+    const e = await sbx.runCode('let bad: = 1', { language: 'typescript' })
+    assert.equal(e.error?.name, 'SyntaxError', JSON.stringify(e))
+    const ctx = await sbx.createCodeContext({ language: 'typescript', cwd: '/tmp' })
+    assert.equal(ctx.language, 'typescript')
+    assert.equal((await sbx.runCode('const c: string = process.cwd(); c', { context: ctx })).text, '/tmp')
+    await sbx.removeCodeContext(ctx)
+  })
+
   test('R in an R context: state, output, data frames, errors, env vars', async () => {
     const ctx = await sbx.createCodeContext({ language: 'r', cwd: '/tmp' })
     assert.equal(ctx.language, 'r')

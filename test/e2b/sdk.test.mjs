@@ -219,6 +219,10 @@ describe(`e2b SDK (${pkg}) against SPACE`, () => {
     })
     try {
       await s.files.write('/tmp/kept', 'kept across timeout')
+      // A background process: with process hibernation (gVisor, or the
+      // namespace driver with CRIU: SPACE_E2B_PROCESSES=1) it is still
+      // the same process, counting on, after the resume.
+      await s.commands.run("sh -c 'echo $$ > /tmp/bgpid; i=0; while true; do i=$((i+1)); echo $i > /tmp/bgn.new; mv /tmp/bgn.new /tmp/bgn; sleep 0.1; done'", { background: true })
       const info = await s.getInfo()
       assert.equal(info.lifecycle?.onTimeout, 'pause')
       assert.equal(info.lifecycle?.autoResume, true)
@@ -235,6 +239,14 @@ describe(`e2b SDK (${pkg}) against SPACE`, () => {
       // No connect: the command's own envd request resumes it.
       assert.equal((await s.commands.run('cat /tmp/kept')).stdout, 'kept across timeout')
       assert.equal((await s.getInfo()).state, 'running')
+      if (process.env.SPACE_E2B_PROCESSES === '1') {
+        const probe = 'p=$(cat /tmp/bgpid); kill -0 $p && echo "$p $(cat /tmp/bgn)"'
+        const [pid, n1] = (await s.commands.run(probe)).stdout.trim().split(' ')
+        await sleep(500)
+        const [pid2, n2] = (await s.commands.run(probe)).stdout.trim().split(' ')
+        assert.equal(pid2, pid, 'the background process is not the one that ran before the pause')
+        assert.ok(Number(n1) > 0 && Number(n2) > Number(n1), `background counter ${n1} then ${n2}: not running on`)
+      }
     } finally {
       await Sandbox.kill(s.sandboxId).catch(() => {})
     }

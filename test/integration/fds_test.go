@@ -151,7 +151,14 @@ func TestNoInheritedDescriptors(t *testing.T) {
 					checkProbe(t, when+" command as "+user, out)
 				}
 				out, ex := sb.sh(t, "ls -l /proc/1/fd")
-				if ex.Code != 0 {
+				switch {
+				case ex.Code != 0 && when == "woken" && strings.Contains(out, "Permission denied"):
+					// The sandbox's root fails the ptrace access check on a
+					// PID 1 restored by CRIU (stricter than a fresh one);
+					// holders below reads its descriptors from the host
+					// (PID 1 is one of the host's processes).
+					t.Logf("%s: PID 1's descriptors are not readable inside (CRIU restore): %s", when, out)
+				case ex.Code != 0:
 					t.Fatalf("%s ls /proc/1/fd: %+v %s", when, ex, out)
 				}
 				for _, tgt := range l.targets {

@@ -15,28 +15,30 @@ import (
 	"github.com/space-sandbox/space/test/testenv"
 )
 
-// helmDocArgs returns the arguments of the `$HELM install` and `$HELM
-// test` commands docs/install-kubernetes.md shows for this cluster, so
-// that the test runs what a reader runs.
-func helmDocArgs(t *testing.T) (install, test []string) {
+// helmDocArgs returns the arguments of the n-th (from 0) `$HELM install`
+// and `$HELM test` commands docs/install-kubernetes.md shows for this
+// cluster (the single layout's, then the split layout's), so that the test
+// runs what a reader runs.
+func helmDocArgs(t *testing.T, n int) (install, test []string) {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs/install-kubernetes.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := strings.ReplaceAll(string(raw), "\\\n", " ")
+	var installs, tests [][]string
 	for _, m := range regexp.MustCompile(`(?m)^\$HELM (install|test) ([^\n]*)$`).FindAllStringSubmatch(text, -1) {
-		args := append([]string{m[1]}, strings.Fields(m[2])...)
+		args := append([]string{m[1]}, strings.Fields(strings.NewReplacer("'", "").Replace(m[2]))...)
 		if m[1] == "install" {
-			install = args
+			installs = append(installs, args)
 		} else {
-			test = args
+			tests = append(tests, args)
 		}
 	}
-	if install == nil || test == nil {
-		t.Fatal("docs/install-kubernetes.md shows no `$HELM install` and `$HELM test`")
+	if len(installs) <= n || len(tests) <= n {
+		t.Fatalf("docs/install-kubernetes.md shows %d `$HELM install` and %d `$HELM test`, want %d", len(installs), len(tests), n+1)
 	}
-	return install, test
+	return installs[n], tests[n]
 }
 
 // helmRun runs the helm scripts/k8s.sh built against the cluster.
@@ -62,14 +64,10 @@ func testChart(t *testing.T, k kube) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	install, test := helmDocArgs(t)
+	install, test := helmDocArgs(t, 0)
 	k.must(time.Minute, "create", "namespace", "space")
 	k.must(time.Minute, "label", "namespace", "space", "pod-security.kubernetes.io/enforce=privileged")
-	t.Cleanup(func() {
-		// The server stops its sandboxes when its pod goes, before the cluster.
-		helmRun(helm, k.kcfg, 3*time.Minute, "uninstall", "space", "--namespace", "space", "--wait")
-		k.run(3*time.Minute, "delete", "namespace", "space", "--wait=true")
-	})
+	t.Cleanup(func() { helmRemove(helm, k) })
 	if out, err := helmRun(helm, k.kcfg, 6*time.Minute, install...); err != nil {
 		pods, _ := k.run(time.Minute, "-n", "space", "get", "pods", "-o", "wide")
 		t.Fatalf("%v\npods:\n%s\nlogs:\n%s", err, pods, podLogs())
@@ -78,7 +76,14 @@ func testChart(t *testing.T, k kube) {
 	}
 
 	srv, ip, key := serve(t, k, "helm")
+	var (
+		live    testenv.Sandbox
+		livePID string
+	)
 	drive(t, srv, "http://"+ip+":7071", key, func() {
+		// A running sandbox outlives its server pod too (the single
+		// layout's server is its host's node).
+		live, livePID = startLive(t, srv, key)
 		old := k.must(time.Minute, "-n", "space", "get", "pods", "-l", "app.kubernetes.io/name=space-server", "-o", "jsonpath={.items[0].metadata.name}")
 		t0 := time.Now()
 		k.must(3*time.Minute, "-n", "space", "delete", "pod", old, "--wait=true")
@@ -87,14 +92,13 @@ func testChart(t *testing.T, k kube) {
 		}
 		t.Logf("server pod %s replaced in %v", old, time.Since(t0).Round(time.Second))
 	})
-	if out, err := helmRun(helm, k.kcfg, 4*time.Minute, test...); err != nil {
-		testLog, _ := k.run(time.Minute, "-n", "space", "logs", "space-test-healthz")
-		desc, _ := k.run(time.Minute, "-n", "space", "describe", "pod", "space-test-healthz")
-		t.Fatalf("%v\ntest pod log:\n%s\ntest pod:\n%s\nlogs:\n%s", err, testLog, tail(desc, 3000), podLogs())
-	} else if !strings.Contains(out, "Succeeded") {
-		t.Errorf("helm test:\n%s", out)
-	}
+	liveAfter(t, srv, key, live, livePID)
+	helmTest(t, helm, k, test)
 	srv.DeleteSandboxes(key)
+	// Make room for the split layout (testSplit) in the same namespace.
+	if err := helmRemove(helm, k); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("helm part in %v", time.Since(start).Round(time.Second))
 }
 
@@ -228,4 +232,67 @@ func e2bSmoke(t *testing.T, ctrl, data, key string) {
 		t.Fatalf("node --test k8s.test.mjs: %v\n%s\nlogs:\n%s", err, out, podLogs())
 	}
 	t.Logf("e2b SDK smoke in %v", time.Since(t0).Round(time.Second))
+}
+
+// testChartSplit installs the chart's split layout (servers, nodes and
+// the in-cluster PostgreSQL) as docs/install-kubernetes.md says, in place
+// of the kustomize one, runs the Python SDK's quickstart through its
+// Service and `helm test`, and uninstalls it.
+func testChartSplit(t *testing.T, k kube) {
+	start := time.Now()
+	helm, err := script(t, 30*time.Minute, "helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	install, test := helmDocArgs(t, 1)
+	local := filepath.Join(testenv.RepoRoot(), "deploy/kubernetes/local")
+	k.must(time.Minute, "create", "namespace", "space")
+	k.must(time.Minute, "label", "namespace", "space", "pod-security.kubernetes.io/enforce=privileged")
+	t.Cleanup(func() { helmRemove(helm, k, filepath.Join(local, "volume.yaml")) })
+	k.must(time.Minute, "-n", "space", "apply", "-f", filepath.Join(local, "secret.yaml"))
+	k.must(time.Minute, "apply", "-f", filepath.Join(local, "volume.yaml"))
+	if out, err := helmRun(helm, k.kcfg, 6*time.Minute, install...); err != nil {
+		pods, _ := k.run(time.Minute, "-n", "space", "get", "pods", "-o", "wide")
+		t.Fatalf("%v\npods:\n%s\nlogs:\n%s", err, pods, podLogs())
+	} else {
+		t.Logf("helm install (split) in %v:\n%s", time.Since(start).Round(time.Second), tail(out, 300))
+	}
+	srv, key := splitServe(t, k, "helm-split")
+	pythonQuickstart(t, srv.Ctrl, key)
+	helmTest(t, helm, k, test)
+	srv.DeleteSandboxes(key)
+	if err := helmRemove(helm, k, filepath.Join(local, "volume.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm split part in %v", time.Since(start).Round(time.Second))
+}
+
+// helmTest runs `helm test` with the arguments the docs show and checks
+// that its pod succeeded.
+func helmTest(t *testing.T, helm string, k kube, args []string) {
+	t.Helper()
+	out, err := helmRun(helm, k.kcfg, 4*time.Minute, args...)
+	if err != nil {
+		testLog, _ := k.run(time.Minute, "-n", "space", "logs", "space-test-healthz")
+		desc, _ := k.run(time.Minute, "-n", "space", "describe", "pod", "space-test-healthz")
+		t.Fatalf("%v\ntest pod log:\n%s\ntest pod:\n%s\nlogs:\n%s", err, testLog, tail(desc, 3000), podLogs())
+	}
+	if !strings.Contains(out, "Succeeded") {
+		t.Errorf("helm test:\n%s", out)
+	}
+}
+
+// helmRemove uninstalls the release, deletes the namespace and then the
+// files given (cluster-scoped objects such as a PersistentVolume).
+func helmRemove(helm string, k kube, files ...string) error {
+	_, err := helmRun(helm, k.kcfg, 3*time.Minute, "uninstall", "space", "--namespace", "space", "--wait")
+	if _, nerr := k.run(3*time.Minute, "delete", "namespace", "space", "--wait=true"); err == nil {
+		err = nerr
+	}
+	for _, f := range files {
+		if _, ferr := k.run(time.Minute, "delete", "-f", f, "--wait=true"); err == nil {
+			err = ferr
+		}
+	}
+	return err
 }

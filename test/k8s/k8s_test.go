@@ -3,7 +3,8 @@
 // image imported into its containerd, deploy/kubernetes/local-single
 // applied with kubectl, and a sandbox created and run through the Service;
 // then the Helm chart installed in its place and driven through the
-// Service (helm_test.go).
+// Service (helm_test.go); then the split layout, deploy/kubernetes/local
+// (split_test.go).
 package k8s
 
 import (
@@ -206,28 +207,28 @@ func TestCluster(t *testing.T) {
 	t.Logf("kustomize part in %v", time.Since(t0).Round(time.Second))
 
 	// The Helm chart with local-single's values, in its place (the same
-	// host directory: the store and templates carry over). Opt-in until it
-	// has passed on a cluster: it was written while the cluster's first
-	// build ran (its client part, drive, passed against a local server).
-	if os.Getenv("SPACE_TEST_K8S_HELM") != "1" {
-		t.Logf("whole run %v; the Helm chart's part skipped (SPACE_TEST_K8S_HELM=1 runs it)", time.Since(start).Round(time.Second))
-		return
-	}
+	// host directory: the store and templates carry over).
 	t0 = time.Now()
 	k.must(4*time.Minute, "delete", "-k", filepath.Join(testenv.RepoRoot(), "deploy/kubernetes/local-single"), "--wait=true")
 	t.Logf("kustomization deleted in %v", time.Since(t0).Round(time.Second))
 	testChart(t, k)
+
+	// The split layout: servers, a node DaemonSet and PostgreSQL.
+	testSplit(t, k)
+	// The same with the Helm chart (layout=split).
+	testChartSplit(t, k)
 	t.Logf("whole run %v", time.Since(start).Round(time.Second))
 }
 
-// podLogs is the tail of the SPACE server's container log (kubectl logs
-// would need the apiserver to reach the kubelet, which listens on loopback).
+// podLogs is the tail of every container log in the namespace space
+// (kubectl logs would need the apiserver to reach the kubelet, which
+// listens on loopback).
 func podLogs() string {
-	files, _ := filepath.Glob(filepath.Join(state, "pod-logs", "space_space-server-*", "server", "*.log"))
+	files, _ := filepath.Glob(filepath.Join(state, "pod-logs", "space_*", "*", "*.log"))
 	var b strings.Builder
 	for _, f := range files {
 		raw, _ := os.ReadFile(f)
-		fmt.Fprintf(&b, "== %s\n%s\n", f, tail(string(raw), 6000))
+		fmt.Fprintf(&b, "== %s\n%s\n", f, tail(string(raw), 3000))
 	}
 	return b.String()
 }

@@ -142,7 +142,7 @@ func TestFleetCheckpointRestart(t *testing.T) {
 	}
 	script := "echo kept > /tmp/f"
 	if driver == "gvisor" {
-		script += " && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.5"
+		script += " && " + counterLoop("/tmp/count") + " sleep 0.5"
 	}
 	if out, code, err := exec1(url, tok, ck, "sh", "-c", script); err != nil || code != 0 {
 		t.Fatalf("write the file: %q %d %v", out, code, err)

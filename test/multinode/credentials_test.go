@@ -107,16 +107,7 @@ func serveTLSUpstream(t *testing.T, w *upstreams, dir, want string, seen *authSe
 	if err != nil {
 		t.Fatalf("listen in the upstream namespace: %v", err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		got := r.Header.Get("Authorization")
-		seen.add(got)
-		if got == want {
-			fmt.Fprintf(rw, "auth-ok %s\n", r.URL.Path)
-			return
-		}
-		fmt.Fprintf(rw, "auth-missing %s\n", r.URL.Path)
-	}), ReadHeaderTimeout: 5 * time.Second, TLSConfig: &tls.Config{Certificates: []tls.Certificate{pair}}}
-	go srv.ServeTLS(ln, "", "")
+	srv := testenv.ServeAuthEcho(ln, pair, want, seen.add)
 	w.closers = append(w.closers, func() { srv.Close() })
 	return caFile
 }

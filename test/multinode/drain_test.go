@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/internal/store/postgres"
 	"github.com/space-sandbox/space/test/testenv"
@@ -121,6 +122,12 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 	c := newFleet(t, fleetOpts{nodes: n, replicas: 2, driver: driver, snapStore: "dir:" + snapDir})
 	admin := c.adminKey()
 	gv := driver == "gvisor"
+	// Processes move with a sandbox on gVisor, and on namespace where the
+	// nodes have scripts/criu.sh's CRIU (on unless --namespace-criu=false).
+	procs := gv
+	if _, _, err := criu.ProbeSandboxes(context.Background(), ""); err == nil && driver == "namespace" {
+		procs = true
+	}
 	mem := 32 << 20
 	if gv {
 		mem = 256 << 20
@@ -134,8 +141,8 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 		sb, sess := m["sandbox"].(map[string]any), m["session"].(map[string]any)
 		s := upgradeSandbox{id: sb["id"].(string), tok: sess["token"].(string)}
 		script := "echo " + s.id + " > /tmp/keep"
-		if gv {
-			script += " && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.3"
+		if procs {
+			script += " && " + counterLoop("/tmp/count") + " sleep 0.3"
 		}
 		if out, code, err := exec1(sess["data_url"].(string), s.tok, s.id, "sh", "-c", script); err != nil || code != 0 {
 			t.Fatalf("prepare %s: %q %d %v", s.id, out, code, err)
@@ -173,7 +180,7 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 			if out, code, err := exec1(via, s.tok, s.id, "cat", "/tmp/keep"); err != nil || code != 0 || out != s.id+"\n" {
 				t.Fatalf("%s: sandbox %s on %v through %s: %q %d %v", step, s.id, sb["node"], via, out, code, err)
 			}
-			if !gv {
+			if !procs {
 				continue
 			}
 			out, code, err := exec1(via, s.tok, s.id, "cat", "/tmp/count")
@@ -228,9 +235,9 @@ func rollingUpgrade(t *testing.T, driver string, n int) {
 			if to == node.name {
 				t.Fatalf("drain of %s moved %s onto itself", node.name, id)
 			}
-			// What the driver promises: processes on gVisor, files only
-			// on the namespace driver.
-			if want := map[bool]string{true: "captured", false: "not captured"}[gv]; !strings.HasPrefix(res.procs[id], want) {
+			// What the driver promises: processes on gVisor and on
+			// namespace with CRIU, files only on namespace without.
+			if want := map[bool]string{true: "captured", false: "not captured"}[procs]; !strings.HasPrefix(res.procs[id], want) {
 				t.Fatalf("drain of %s moved %s with processes %q, want %s", node.name, id, res.procs[id], want)
 			}
 		}

@@ -34,7 +34,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
-	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
 	"github.com/space-sandbox/space/internal/store/postgres"
@@ -378,7 +377,7 @@ func startUpstreams(t *testing.T) *upstreams {
 			return err
 		}
 		w.closers = append(w.closers, func() { pc.Close() })
-		go serveDNS(pc)
+		go testenv.ServeDNS(pc, map[string]string{"allowed.test.": allowedIP, "denied.test.": deniedIP})
 		for ip, name := range map[string]string{allowedIP: "allowed.test", deniedIP: "denied.test"} {
 			ln, err := net.Listen("tcp4", ip+":80")
 			if err != nil {
@@ -432,61 +431,11 @@ func startUpstreams(t *testing.T) *upstreams {
 	return w
 }
 
-// serveDNS answers A queries for allowed.test and denied.test.
-func serveDNS(pc net.PacketConn) {
-	zone := map[string]string{"allowed.test.": allowedIP, "denied.test.": deniedIP}
-	buf := make([]byte, 1500)
-	for {
-		n, from, err := pc.ReadFrom(buf)
-		if err != nil {
-			return
-		}
-		var p dnsmessage.Parser
-		hdr, err := p.Start(buf[:n])
-		if err != nil {
-			continue
-		}
-		q, err := p.Question()
-		if err != nil {
-			continue
-		}
-		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: hdr.ID, Response: true, Authoritative: true, RCode: dnsmessage.RCodeNameError})
-		ip, ok := zone[strings.ToLower(q.Name.String())]
-		if ok {
-			b = dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: hdr.ID, Response: true, Authoritative: true})
-		}
-		b.EnableCompression()
-		b.StartQuestions()
-		b.Question(q)
-		b.StartAnswers()
-		if ok && q.Type == dnsmessage.TypeA {
-			a := net.ParseIP(ip).To4()
-			b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60},
-				dnsmessage.AResource{A: [4]byte{a[0], a[1], a[2], a[3]}})
-		}
-		if msg, err := b.Finish(); err == nil {
-			pc.WriteTo(msg, from)
-		}
-	}
-}
-
 // upload copies a local file into a sandbox (mode 0755) through its node's
 // data plane.
 func upload(t *testing.T, dataURL, token, id, path, local string) {
 	t.Helper()
-	f, err := os.Open(local)
-	if err != nil {
+	if err := (testenv.Sandbox{ID: id, Token: token, Data: dataURL}).Upload(path, local); err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	req, _ := http.NewRequest("PUT", dataURL+"/v1/sandboxes/"+id+"/files?path="+url.QueryEscape(path)+"&mode=0755", f)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("upload to %s: %v", id, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("upload to %s: HTTP %d", id, resp.StatusCode)
 	}
 }

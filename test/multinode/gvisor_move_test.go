@@ -56,7 +56,7 @@ func TestFleetGVisorStateMoves(t *testing.T) {
 		}
 	}
 	if out, code, err := exec1(url, tok, id, "sh", "-c",
-		"echo travels > /tmp/h && (i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done) >/dev/null 2>&1 </dev/null & sleep 0.5; cat /tmp/count"); err != nil || code != 0 {
+		"echo travels > /tmp/h && "+counterLoop("/tmp/count")+" sleep 0.5; cat /tmp/count"); err != nil || code != 0 {
 		t.Fatalf("start the counter: %q %d %v", out, code, err)
 	}
 	count := func(url, tok string) int {

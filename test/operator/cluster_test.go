@@ -135,12 +135,13 @@ func logTail(path string, n int) string {
 	return string(b)
 }
 
-// writePKI makes a CA, the API server's serving certificate for
-// 127.0.0.1 and the service-account signing key.
-func writePKI(t *testing.T, dir string) []byte {
+// servingPKI makes a CA and a serving certificate for 127.0.0.1 and
+// localhost signed by it, and returns the CA, the certificate and its key
+// in PEM.
+func servingPKI(t *testing.T, caName, name string) (caPEM, certPEM, keyPEM []byte) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "space-operator-test-ca"},
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: caName},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
@@ -148,33 +149,44 @@ func writePKI(t *testing.T, dir string) []byte {
 		t.Fatal(err)
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
-	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	srvTmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	write := func(name string, b []byte) {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), ecKeyPEM(key)
+}
+
+func ecKeyPEM(k *ecdsa.PrivateKey) []byte {
+	der, _ := x509.MarshalECPrivateKey(k)
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+// writeFiles writes name -> content into dir.
+func writeFiles(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	keyPEM := func(k *ecdsa.PrivateKey) []byte {
-		der, _ := x509.MarshalECPrivateKey(k)
-		return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-	}
-	write("ca.crt", caPEM)
-	write("apiserver.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}))
-	write("apiserver.key", keyPEM(srvKey))
+}
+
+// writePKI makes a CA, the API server's serving certificate for
+// 127.0.0.1 and the service-account signing key.
+func writePKI(t *testing.T, dir string) []byte {
+	t.Helper()
+	caPEM, crt, key := servingPKI(t, "space-operator-test-ca", "kube-apiserver")
 	saKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	saPub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
-	write("sa.key", keyPEM(saKey))
-	write("sa.pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}))
-	write("tokens.csv", []byte(fmt.Sprintf("%s,space-test-admin,1,\"system:masters\"\n%s,%s,2\n", adminToken, operatorToken, operatorUser)))
+	writeFiles(t, dir, map[string][]byte{"ca.crt": caPEM, "apiserver.crt": crt, "apiserver.key": key,
+		"sa.key": ecKeyPEM(saKey), "sa.pub": pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
+		"tokens.csv": []byte(fmt.Sprintf("%s,space-test-admin,1,\"system:masters\"\n%s,%s,2\n", adminToken, operatorToken, operatorUser))})
 	return caPEM
 }
 
@@ -294,6 +306,8 @@ var kinds = map[string]operator.Resource{
 	"SandboxClaim":             operator.ResClaim,
 	"SandboxTemplate":          operator.ResTemplate,
 	"SandboxWarmPool":          operator.ResWarmPool,
+	"Secret":                   operator.ResSecret,
+	"ConfigMap":                {Version: "v1", Plural: "configmaps", Namespaced: true},
 }
 
 // create creates one object (ns overrides its namespace when set).
@@ -398,14 +412,18 @@ type operatorProc struct {
 }
 
 // startOperator runs `space operator` as the operator's user.
-func startOperator(t *testing.T, c *cluster, srv *testenv.Server, key, logName string) *operatorProc {
+// Its leader lease is short (4 s) so that a killed operator's successor
+// takes over quickly; extra flags follow the defaults.
+func startOperator(t *testing.T, c *cluster, srv *testenv.Server, key, logName string, extra ...string) *operatorProc {
 	t.Helper()
 	keyFile := filepath.Join(c.dir, "api-key")
 	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := startProc(t, c.dir, logName, srv.Bin, "operator", "--kubeconfig", c.opKubeconfig, "--url", srv.Ctrl,
-		"--api-key-file", keyFile, "--resync", "5s", "--log-level", "debug")
+	argv := append([]string{srv.Bin, "operator", "--kubeconfig", c.opKubeconfig, "--url", srv.Ctrl,
+		"--api-key-file", keyFile, "--resync", "5s", "--log-level", "debug",
+		"--leader-election-namespace", "space", "--leader-lease-duration", "4s", "--leader-renew-period", "500ms"}, extra...)
+	cmd := startProc(t, c.dir, logName, argv...)
 	logPath := filepath.Join(c.dir, logName+".log")
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -16,6 +16,13 @@ import (
 
 const ns = "team"
 
+// poolSize and burstSize are the acceptance test's of issue 29: a warm
+// pool of 5 and a burst of 20 claims (the operator killed in the middle).
+const (
+	poolSize  = 5
+	burstSize = 20
+)
+
 // templateObj is a SandboxTemplate on SPACE's builtin minimal template
 // (busybox): the test machine pulls no images. Unmanaged networking keeps
 // SPACE's default (blocked egress), which needs no egress gateway.
@@ -126,19 +133,19 @@ func TestOperator(t *testing.T) {
 	op := startOperator(t, c, srv, key, "operator")
 	c.create(t, "", map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}})
 	c.create(t, ns, templateObj("busy"))
-	c.create(t, ns, poolObj("pool", "busy", 3))
+	c.create(t, ns, poolObj("pool", "busy", poolSize))
 	start := time.Now()
 	waitFor(t, 2*time.Minute, "pool ready", func() error {
 		var p operator.SandboxWarmPool
 		if err := c.getObj(operator.ResWarmPool, ns, "pool", &p); err != nil {
 			return err
 		}
-		if p.Status.ReadyReplicas != 3 || p.Status.Replicas != 3 {
+		if p.Status.ReadyReplicas != poolSize || p.Status.Replicas != poolSize {
 			return fmt.Errorf("status %+v", p.Status)
 		}
 		return nil
 	})
-	t.Logf("warm pool of 3 ready in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("warm pool of %d ready in %v", poolSize, time.Since(start).Round(time.Millisecond))
 
 	t.Run("warm claim", func(t *testing.T) {
 		start := time.Now()
@@ -146,8 +153,13 @@ func TestOperator(t *testing.T) {
 		cl := waitClaimReady(t, c, "c1", time.Minute)
 		t.Logf("warm claim Ready in %v", time.Since(start).Round(time.Millisecond))
 		sbName := cl.Status.Sandbox.Name
-		if !strings.HasPrefix(sbName, "pool-") || cl.Metadata.Annotations[operator.AnnotClaimSandbox] != sbName {
-			t.Fatalf("claim not served from the pool: sandbox %q, annotations %v", sbName, cl.Metadata.Annotations)
+		if !strings.HasPrefix(sbName, "pool-") {
+			t.Fatalf("claim not served from the pool: sandbox %q", sbName)
+		}
+		// Two writes per warm claim: the adoption and the claim's status;
+		// the claim's metadata is not written (no finalizer, no annotation).
+		if len(cl.Metadata.Finalizers) != 0 || cl.Metadata.Annotations[operator.AnnotClaimSandbox] != "" {
+			t.Fatalf("claim metadata written: %s", mustJSON(cl.Metadata))
 		}
 		var sb operator.Sandbox
 		if err := c.getObj(operator.ResSandbox, ns, sbName, &sb); err != nil {
@@ -165,13 +177,13 @@ func TestOperator(t *testing.T) {
 		if err != nil || ssb.Limits.CPUMillis != 500 || ssb.Limits.MemoryBytes != 256<<20 || ssb.Metadata["k8s.name"] != ns+"/"+sbName {
 			t.Fatalf("SPACE sandbox %+v %v", ssb, err)
 		}
-		// The pool refills to 3 unclaimed sandboxes.
+		// The pool refills to poolSize unclaimed sandboxes.
 		waitFor(t, time.Minute, "pool refilled", func() error {
 			var p operator.SandboxWarmPool
 			if err := c.getObj(operator.ResWarmPool, ns, "pool", &p); err != nil {
 				return err
 			}
-			if p.Status.ReadyReplicas != 3 {
+			if p.Status.ReadyReplicas != poolSize {
 				return fmt.Errorf("status %+v", p.Status)
 			}
 			return nil
@@ -298,8 +310,72 @@ func TestOperator(t *testing.T) {
 		})
 	})
 
+	// A Sandbox is Ready only with a Secret that holds its SPACE sandbox's
+	// session. An operator records the SPACE sandbox on the object before
+	// it writes the Secret; killed between the two (CI: a warm-pool
+	// Sandbox of the restart below was claimed Ready with no Secret), or
+	// with the Secret write failing, the next reconcile must write it.
+	t.Run("recorded without its secret", func(t *testing.T) {
+		ctx := context.Background()
+		res, err := api.CreateSandbox(ctx, client.CreateRequest{Template: "minimal"}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := api.WaitOperation(ctx, res.Operation.ID); err != nil {
+			t.Fatal(err)
+		}
+		// The object as createSpace's record leaves it, before the Secret.
+		c.create(t, ns, map[string]any{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+			"metadata": map[string]any{"name": "nosecret", "namespace": ns, "finalizers": []string{operator.Finalizer},
+				"annotations": map[string]string{operator.AnnotSpaceTemplate: "minimal", operator.AnnotSpaceID: res.Sandbox.ID,
+					operator.AnnotSpaceDataURL: res.Session.DataURL, operator.AnnotSpaceSecret: "nosecret",
+					"space-sandbox.dev/session-expires": res.Session.ExpiresAt.UTC().Format(time.RFC3339)}},
+			"spec": map[string]any{"podTemplate": map[string]any{"spec": map[string]any{
+				"containers": []any{map[string]any{"name": "a", "image": "busybox"}}}}}})
+		waitSandboxReady(t, c, "nosecret")
+		if s := session(t, c, "nosecret"); s.SandboxID != res.Sandbox.ID || run(t, s, "echo ok") != "ok" {
+			t.Fatalf("secret of nosecret: sandbox %s, want %s", s.SandboxID, res.Sandbox.ID)
+		}
+
+		// A Secret of that name the operator cannot overwrite (immutable):
+		// its write fails after the record, and the Sandbox must not turn
+		// Ready with someone else's session in it.
+		c.create(t, ns, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": "stale", "namespace": ns},
+			"immutable": true, "stringData": map[string]string{"sandbox_id": "sbx-other", "token": "x", "data_url": "http://127.0.0.1:1"}})
+		c.create(t, ns, map[string]any{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+			"metadata": map[string]any{"name": "stale", "namespace": ns,
+				"annotations": map[string]string{operator.AnnotSpaceTemplate: "minimal"}},
+			"spec": map[string]any{"podTemplate": map[string]any{"spec": map[string]any{
+				"containers": []any{map[string]any{"name": "a", "image": "busybox"}}}}}})
+		waitFor(t, time.Minute, "stale recorded", func() error {
+			var sb operator.Sandbox
+			if err := c.getObj(operator.ResSandbox, ns, "stale", &sb); err != nil {
+				return err
+			}
+			if sb.Metadata.Annotations[operator.AnnotSpaceID] == "" {
+				return fmt.Errorf("no SPACE sandbox recorded yet")
+			}
+			return nil
+		})
+		time.Sleep(3 * time.Second) // several retries of the reconcile
+		var sb operator.Sandbox
+		if err := c.getObj(operator.ResSandbox, ns, "stale", &sb); err != nil {
+			t.Fatal(err)
+		}
+		if ok, why := ready(sb.Status.Conditions, operator.CondReady); ok {
+			t.Fatalf("stale is Ready (%s) while its Secret holds another sandbox's session", why)
+		}
+		if err := c.admin.Delete(ctx, operator.ResSecret, ns, "stale"); err != nil {
+			t.Fatal(err)
+		}
+		waitSandboxReady(t, c, "stale")
+		if s := session(t, c, "stale"); s.SandboxID != sb.Metadata.Annotations[operator.AnnotSpaceID] || run(t, s, "echo ok") != "ok" {
+			t.Fatalf("secret of stale: sandbox %s, want %s", s.SandboxID, sb.Metadata.Annotations[operator.AnnotSpaceID])
+		}
+	})
+
 	t.Run("operator restart mid-burst", func(t *testing.T) {
-		const n = 10
+		const n = burstSize
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for i := range n {
@@ -320,6 +396,17 @@ func TestOperator(t *testing.T) {
 			}
 		}
 		startOperator(t, c, srv, key, "operator-2")
+		if c.kubectl != "" {
+			args := []string{"-n", ns, "wait", "--for=condition=Ready", "--timeout=2m"}
+			for i := range n {
+				args = append(args, fmt.Sprintf("sandboxclaim/burst-%d", i))
+			}
+			start := time.Now()
+			if out, err := c.kubectlRun(t, args...); err != nil {
+				t.Fatalf("kubectl wait: %v: %s", err, out)
+			}
+			t.Logf("kubectl wait: %d claims Ready %v after the restarted operator started", n, time.Since(start).Round(time.Millisecond))
+		}
 		seen := map[string]string{}
 		for i := range n {
 			name := fmt.Sprintf("burst-%d", i)
@@ -343,7 +430,7 @@ func TestOperator(t *testing.T) {
 			if err := c.getObj(operator.ResWarmPool, ns, "pool", &p); err != nil {
 				return err
 			}
-			if p.Status.ReadyReplicas != 3 || p.Status.Replicas != 3 {
+			if p.Status.ReadyReplicas != poolSize || p.Status.Replicas != poolSize {
 				return fmt.Errorf("status %+v", p.Status)
 			}
 			return nil
@@ -366,5 +453,20 @@ func TestOperator(t *testing.T) {
 		if want := len(items) - 2; live != want {
 			t.Fatalf("%d live SPACE sandboxes for %d Sandboxes with one", live, want)
 		}
+	})
+}
+
+// waitSandboxReady waits for a Sandbox's Ready condition.
+func waitSandboxReady(t *testing.T, c *cluster, name string) {
+	t.Helper()
+	waitFor(t, time.Minute, "sandbox "+name+" Ready", func() error {
+		var sb operator.Sandbox
+		if err := c.getObj(operator.ResSandbox, ns, name, &sb); err != nil {
+			return err
+		}
+		if ok, why := ready(sb.Status.Conditions, operator.CondReady); !ok {
+			return fmt.Errorf("%s", why)
+		}
+		return nil
 	})
 }

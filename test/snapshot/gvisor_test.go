@@ -1,6 +1,7 @@
 package snapshot_test
 
 import (
+	"context"
 	"os"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/driver/gvisor"
 	"github.com/space-sandbox/space/test/testenv"
 )
@@ -102,8 +104,16 @@ const workTree = `cd / && find work | sort | while read -r f; do stat -c '%n %F 
 // /root/pid) and whether that pid is alive and a shell.
 func (sb *sandbox) count(t *testing.T) (n int, pid string) {
 	t.Helper()
-	out := sb.ok(t, `p=$(cat /root/pid); c=$(cat /root/count); if kill -0 $p 2>/dev/null && grep -q sh /proc/$p/cmdline; then echo "$c $p"; else echo "$c dead"; fi`)
-	f := strings.Fields(out)
+	var out string
+	var f []string
+	// The counter truncates before it writes: a read may catch it empty.
+	for range 20 {
+		out = sb.ok(t, `p=$(cat /root/pid); c=$(cat /root/count); if kill -0 $p 2>/dev/null && grep -q sh /proc/$p/cmdline; then echo "$c $p"; else echo "$c dead"; fi`)
+		if f = strings.Fields(out); len(f) == 2 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if len(f) != 2 {
 		t.Fatalf("count: %q", out)
 	}
@@ -131,14 +141,30 @@ func (sb *sandbox) waitAdvance(t *testing.T, label string, from int, pid string)
 	return 0
 }
 
-// A process snapshot of a gVisor sandbox: a counting process is
+// TestGvisorProcessSnapshot: a process snapshot of a gVisor sandbox: a
+// counting process is
 // snapshotted (the source keeps counting), the source is deleted and the
 // server restarted on the same data dir; a restore (fork of one) and two
 // more forks each continue the count from where the snapshot stopped it,
 // in the same process (same pid), with the files intact and each in its
 // own sandbox. Hibernate and resume keep the process too.
-func TestGvisorProcessSnapshot(t *testing.T) {
-	e := needGvisor(t)
+func TestGvisorProcessSnapshot(t *testing.T) { testProcessSnapshot(t, needGvisor(t), "gvisor") }
+
+// TestNamespaceProcessSnapshot is the same on the namespace driver, whose
+// checkpoints are CRIU's (skipped without scripts/criu.sh's build).
+func TestNamespaceProcessSnapshot(t *testing.T) {
+	e := need(t)
+	if _, _, err := criu.ProbeSandboxes(context.Background(), ""); err != nil {
+		t.Skipf("no CRIU for the namespace driver: %v", err)
+	}
+	testProcessSnapshot(t, e, "namespace")
+}
+
+// testProcessSnapshot: a process snapshot of a sandbox running a counter
+// keeps the source going; after a server restart, a restore and two forks
+// continue the snapshot's process (same pid inside) with its files, each
+// its own sandbox; hibernate and resume continue it in the same id.
+func testProcessSnapshot(t *testing.T, e *env, drv string) {
 	sb := e.create(t, map[string]any{"timeout_seconds": 600})
 	sb.ok(t, `mkdir -p /work/d && echo small > /work/small && dd if=/dev/urandom of=/work/big bs=1M count=3 2>/dev/null && ln -s small /work/link && echo x > /work/d/x`)
 	before := sb.ok(t, workTree)
@@ -149,7 +175,7 @@ func TestGvisorProcessSnapshot(t *testing.T) {
 	res := done["result"].(map[string]any)
 	snapID := str(res, "id")
 	if res["kind"] != "process" || !strings.HasPrefix(str(res, "processes"), "captured") ||
-		num(res, "stats", "process_image_bytes") <= 0 || str(res, "stats", "process_driver") != "gvisor" {
+		num(res, "stats", "process_image_bytes") <= 0 || str(res, "stats", "process_driver") != drv {
 		t.Fatalf("snapshot: %v", res)
 	}
 	// The source continues at once, same process, its agent answering.
@@ -292,11 +318,24 @@ func (sb *sandbox) commandState(t *testing.T, cid string) (bool, float64) {
 	return m["running"] == true, num(m, "last_event_id")
 }
 
-// A process snapshot of a paused sandbox leaves it paused; a command that
-// ran through it is still followed (its output recorded) after resume;
-// a fork runs the command on and records its output too.
-func TestGvisorSnapshotKeepsCommands(t *testing.T) {
-	e := needGvisor(t)
+// TestGvisorSnapshotKeepsCommands: a process snapshot of a paused sandbox
+// leaves it paused; a command that ran through it is still followed (its
+// output recorded) after resume; a fork runs the command on and records
+// its output too.
+func TestGvisorSnapshotKeepsCommands(t *testing.T) { testSnapshotKeepsCommands(t, needGvisor(t)) }
+
+// TestNamespaceSnapshotKeepsCommands is the same on the namespace driver
+// with CRIU: the agent owns the commands' output, and the node follows
+// them again once the agent listens after the checkpoint or the restore.
+func TestNamespaceSnapshotKeepsCommands(t *testing.T) {
+	e := need(t)
+	if _, _, err := criu.ProbeSandboxes(context.Background(), ""); err != nil {
+		t.Skipf("no CRIU for the namespace driver: %v", err)
+	}
+	testSnapshotKeepsCommands(t, e)
+}
+
+func testSnapshotKeepsCommands(t *testing.T, e *env) {
 	sb := e.create(t, map[string]any{"timeout_seconds": 600})
 	defer sb.delete(t)
 	cid := sb.start(t, `i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.1; done`)

@@ -116,7 +116,9 @@ func TestSnapshotChainForkRetention(t *testing.T) {
 		t.Fatalf("first snapshot stored %v bytes, want ≥ 20 MiB", num(st1, "stats", "bytes_stored"))
 	}
 	for i, st := range []map[string]any{st2, st3} {
-		if b := num(st, "stats", "bytes_stored"); b > 1.1*(1<<20) {
+		// The files' part: a process image (the namespace driver with
+		// CRIU) is stored whole for now (issue #27).
+		if b := num(st, "stats", "bytes_stored") - num(st, "stats", "process_chunk_bytes"); b > 1.1*(1<<20) {
 			t.Fatalf("snapshot %d stored %.0f bytes for a change of ~1 KiB", i+2, b)
 		}
 	}
@@ -128,8 +130,11 @@ func TestSnapshotChainForkRetention(t *testing.T) {
 
 	fork := func(snapID string, count int) []*sandbox {
 		m := e.must(t, 202, "POST", "/v1/snapshots/"+snapID+"/fork", map[string]any{"count": count})
-		if !strings.Contains(str(m, "processes"), "not restored") {
-			t.Fatalf("fork answer must say processes are not restored: %v", m)
+		// Processes come back only from a process snapshot (the
+		// namespace driver with CRIU).
+		process := str(e.must(t, 200, "GET", "/v1/snapshots/"+snapID, nil), "kind") == "process"
+		if p := str(m, "processes"); strings.Contains(p, "not restored") == process || (process && !strings.Contains(p, "restored")) {
+			t.Fatalf("fork answer (process snapshot: %v) says %q: %v", process, p, m)
 		}
 		var out []*sandbox
 		for _, raw := range m["sandboxes"].([]any) {
@@ -227,6 +232,9 @@ func chunkFiles(t *testing.T, e *env) map[string]bool {
 // lost and none of the interrupted one is left; the source sandbox runs.
 func TestCrashDuringSnapshotAndFork(t *testing.T) {
 	e := need(t)
+	// Other tests of the package may keep snapshots in the same store:
+	// what this test must leave is what was there before it.
+	before := chunkFiles(t, e)
 	sb := e.create(t, nil)
 	sb.ok(t, `mkdir -p /work && dd if=/dev/urandom of=/work/big bs=1M count=200 2>/dev/null`)
 	m, _ := e.op(t, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", nil)
@@ -296,7 +304,10 @@ func TestCrashDuringSnapshotAndFork(t *testing.T) {
 	}
 	sb.delete(t)
 	e.op(t, "DELETE", "/v1/snapshots/"+good, nil)
-	if got := chunkFiles(t, e); len(got) != 0 {
-		t.Fatalf("%d chunks left after deleting every snapshot", len(got))
+	got := chunkFiles(t, e)
+	for c := range got {
+		if !before[c] {
+			t.Fatalf("%d chunks left after deleting every snapshot of this test (%d before it), %s among them", len(got), len(before), c)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -96,4 +98,28 @@ func (sb Sandbox) Run(script, user string) (string, int, error) {
 		}
 	}
 	return out.String(), -1, fmt.Errorf("stream ended without exit: %v", sc.Err())
+}
+
+// Upload copies a local file into the sandbox at path (mode 0755) through
+// its data plane.
+func (sb Sandbox) Upload(path, local string) error {
+	f, err := os.Open(local)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	req, err := http.NewRequest("PUT", sb.Data+"/v1/sandboxes/"+sb.ID+"/files?path="+url.QueryEscape(path)+"&mode=0755", f)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+sb.Token)
+	resp, err := HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("upload to %s: %w", sb.ID, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("upload to %s: HTTP %d", sb.ID, resp.StatusCode)
+	}
+	return nil
 }

@@ -303,33 +303,48 @@ func (s *Server) RemoveCgroupBase() {
 }
 
 // DeleteSandboxes deletes every live sandbox of key's project and waits
-// (up to 30 s) for the deletes, so that a test's sandboxes do not outlive
-// its server (they would: sandboxes survive a server stop by design).
+// for the deletes, so that a test's sandboxes do not outlive its server
+// (they would: sandboxes survive a server stop by design). It lists again
+// until none is left, for up to five minutes: a benchmark leaves thousands,
+// more than one page, and sandboxes still being created refuse a delete
+// (it gives up after 30 s in which no delete was accepted).
 func (s *Server) DeleteSandboxes(key string) {
 	if s.Ctrl == "" || key == "" {
 		return
 	}
 	hdr := map[string]string{"X-API-Key": key}
-	st, m, err := DoJSON("GET", s.Ctrl+"/v1/sandboxes?state=creating,running,paused,hibernated&limit=1000", hdr, nil)
-	if err != nil || st != http.StatusOK {
-		return
-	}
-	list, _ := m["sandboxes"].([]any)
-	var ops []string
-	for _, it := range list {
-		sb, _ := it.(map[string]any)
-		id, _ := sb["id"].(string)
-		if id == "" {
-			continue
+	stuck := 0 // rounds in a row in which no delete was accepted
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline) && stuck < 30; {
+		st, m, err := DoJSON("GET", s.Ctrl+"/v1/sandboxes?state=creating,running,paused,hibernated&limit=1000", hdr, nil)
+		if err != nil || st != http.StatusOK {
+			return
 		}
-		if st, m, err := DoJSON("DELETE", s.Ctrl+"/v1/sandboxes/"+id, hdr, nil); err == nil && st == http.StatusAccepted {
-			if op, ok := m["operation"].(map[string]any); ok {
-				ops = append(ops, op["id"].(string))
+		list, _ := m["sandboxes"].([]any)
+		if len(list) == 0 {
+			return
+		}
+		var ops []string
+		for _, it := range list {
+			sb, _ := it.(map[string]any)
+			id, _ := sb["id"].(string)
+			if id == "" {
+				continue
+			}
+			if st, m, err := DoJSON("DELETE", s.Ctrl+"/v1/sandboxes/"+id, hdr, nil); err == nil && st == http.StatusAccepted {
+				if op, ok := m["operation"].(map[string]any); ok {
+					ops = append(ops, op["id"].(string))
+				}
 			}
 		}
-	}
-	for _, op := range ops {
-		DoJSON("GET", s.Ctrl+"/v1/operations/"+op+"?wait=30s", hdr, nil)
+		for _, op := range ops {
+			DoJSON("GET", s.Ctrl+"/v1/operations/"+op+"?wait=30s", hdr, nil)
+		}
+		if len(ops) == 0 {
+			stuck++
+			time.Sleep(time.Second)
+		} else {
+			stuck = 0
+		}
 	}
 }
 

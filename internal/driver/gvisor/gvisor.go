@@ -121,6 +121,12 @@ type Options struct {
 	CgroupBase string
 	// ReadyTimeout bounds how long Create waits for the agent.
 	ReadyTimeout time.Duration
+	// MaxStarting bounds the sandboxes that start at once (runsc, the
+	// Sentry's boot and the agent's first answers); further creates wait
+	// for a slot, as long as their context allows. Default: the number of
+	// CPUs, at least 2. Unbounded, 32 creates on 2 CPUs starved each
+	// other's agents until their first calls timed out (issue 25).
+	MaxStarting int
 	// Network, if set, gives each sandbox a network: the driver makes a
 	// fresh network namespace pinned at <StateDir>/<id>/netns, Network puts
 	// the sandbox's link in it (veth, addresses, host-side rules) before
@@ -147,6 +153,8 @@ type Driver struct {
 	// idmaps holds a user namespace per pool block for the template's
 	// idmapped mounts; nil without a Pool.
 	idmaps *idmap.Cache
+	// starting holds a token per sandbox starting (Options.MaxStarting).
+	starting chan struct{}
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -202,6 +210,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = defaultReadyTimeout
 	}
+	if opts.MaxStarting <= 0 {
+		opts.MaxStarting = max(2, runtime.NumCPU())
+	}
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
@@ -235,9 +246,10 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, driver.ErrUnsupported)
 	}
 	d := &Driver{
-		opts:    opts,
-		cg:      cg,
-		version: version,
+		opts:     opts,
+		cg:       cg,
+		version:  version,
+		starting: make(chan struct{}, opts.MaxStarting),
 		r: &runsc{
 			path:     opts.Runsc,
 			root:     filepath.Join(opts.RunDir, runscRootName),
@@ -338,6 +350,11 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	if !idRE.MatchString(id) || id == runscRootName {
 		return nil, fmt.Errorf("gvisor: invalid sandbox id %q", id)
 	}
+	release, err := d.startSlot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: sandbox %s: %w", id, err)
+	}
+	defer release()
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = id
@@ -587,6 +604,25 @@ func (d *Driver) start(ctx context.Context, id, dir, network string, args ...str
 	return nil
 }
 
+// startSlot waits for one of the Options.MaxStarting start slots; release
+// gives it back. Queued creates wait here rather than slow every start
+// down until the agents' first calls time out.
+func (d *Driver) startSlot(ctx context.Context) (release func(), err error) {
+	select {
+	case d.starting <- struct{}{}:
+		return func() { <-d.starting }, nil
+	default:
+	}
+	t := time.Now()
+	select {
+	case d.starting <- struct{}{}:
+		d.opts.Logf("gvisor: waited %v for a start slot (%d sandboxes starting)", time.Since(t), d.opts.MaxStarting)
+		return func() { <-d.starting }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waited %v for a start slot, %d sandboxes are starting: %w", time.Since(t).Round(time.Millisecond), d.opts.MaxStarting, ctx.Err())
+	}
+}
+
 // waitReady polls the agent's socket until it accepts a connection.
 func (d *Driver) waitReady(ctx context.Context, inst *Instance) error {
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
@@ -654,7 +690,9 @@ func unmountAll(dir string) error {
 
 // mountsUnder lists mount points at or below dir, deepest first.
 func mountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	// The calling thread's view: the namespace its unmounts act on (a
+	// parked main thread, seen through /proc/self, may be in another).
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

@@ -1,10 +1,14 @@
 package gvisor
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // An image records the host id range it was captured under; a restore
@@ -38,5 +42,38 @@ func TestRestoreArgsIDMap(t *testing.T) {
 	}
 	if args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000); slices.Contains(args, relax) {
 		t.Fatalf("a garbled map: %v", args)
+	}
+}
+
+// TestStartSlot: creates past MaxStarting wait for a slot and give up with
+// their context, saying why.
+func TestStartSlot(t *testing.T) {
+	d := &Driver{opts: Options{MaxStarting: 1, Logf: t.Logf}, starting: make(chan struct{}, 1)}
+	release, err := d.startSlot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := d.startSlot(ctx); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "start slot") {
+		t.Fatalf("second slot: %v, want a deadline error naming the start slot", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		r, err := d.startSlot(context.Background())
+		if err == nil {
+			r()
+		}
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	release()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiting create did not get the slot released")
 	}
 }

@@ -108,7 +108,7 @@ func (i *Instance) setSandboxPids(ctx context.Context, n int64) error {
 	defer cancel()
 	code, msg, err := i.agentRequest(ctx, http.MethodPut, agentpids.Path, body)
 	if err != nil {
-		return fmt.Errorf("set in-sandbox pids limit: %w", err)
+		return fmt.Errorf("set in-sandbox pids limit: the agent did not answer within %v (host overloaded?): %w", agentCallTimeout, err)
 	}
 	switch code {
 	case http.StatusNoContent, http.StatusOK:

@@ -49,6 +49,21 @@ func (d *Driver) Attach(ctx context.Context, id string) (driver.Instance, error)
 	if filepath.Base(st.Socket) == id+".sock" && filepath.IsAbs(st.Socket) {
 		sock = st.Socket // RunDir may have moved since
 	}
+	if st.Handoff > 0 {
+		// The node died during a checkpoint, with the agent waiting
+		// for its listener and the sandbox perhaps frozen.
+		inst := &Instance{d: d, id: id, sock: sock, groups: []*cgroups.Group{d.cg.Open(st.Cgroups)}, proc: proc}
+		if err := inst.Resume(ctx); err != nil {
+			return nil, d.lost(ctx, id, proc, fmt.Sprintf("thaw after an interrupted checkpoint: %v", err))
+		}
+		if err := inst.handIn(st.Handoff); err != nil {
+			return nil, d.lost(ctx, id, proc, fmt.Sprintf("listener after an interrupted checkpoint: %v", err))
+		}
+		if err := d.setHandoff(id, 0); err != nil {
+			d.opts.Logf("namespace: %s: %v", id, err)
+		}
+		d.opts.Logf("namespace: %s: gave the agent its listener back after an interrupted checkpoint", id)
+	}
 	dctx, cancel := context.WithTimeout(ctx, attachDialTimeout)
 	defer cancel()
 	var dd net.Dialer

@@ -2,17 +2,37 @@ package namespace
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/drivertest"
 )
 
-func TestConformance(t *testing.T) { conformance(t, 0) }
+func TestConformance(t *testing.T) { conformance(t, 0, "") }
+
+// TestConformanceCgroupParent runs the suite with the sandboxes' cgroups
+// below a fixed parent in the host's tree (--cgroup-parent, a node in a
+// Kubernetes pod), re-attach after a restart included.
+func TestConformanceCgroupParent(t *testing.T) {
+	parent := fmt.Sprintf("/space-test-parent-%d", os.Getpid())
+	t.Cleanup(func() {
+		m, err := cgroups.NewUnder(parent, testOptions(t).CgroupBase)
+		if err != nil {
+			return
+		}
+		m.RemoveBase()
+		for _, d := range m.Paths("x").Dirs {
+			_ = os.Remove(filepath.Dir(filepath.Dir(d)))
+		}
+	})
+	conformance(t, 0, parent)
+}
 
 // TestConformanceDisk runs the suite with every sandbox on a disk of its
 // own (a 64 MiB default disk limit), plus the DiskLimit case.
@@ -20,15 +40,16 @@ func TestConformanceDisk(t *testing.T) {
 	if err := diskquota.Available(); err != nil {
 		t.Skip(err)
 	}
-	conformance(t, 64<<20)
+	conformance(t, 64<<20, "")
 }
 
-func conformance(t *testing.T, disk int64) {
+func conformance(t *testing.T, disk int64, cgroupParent string) {
 	requireSandbox(t)
 	opts := func(dir string) Options {
 		o := testOptions(t)
 		o.StateDir = filepath.Join(dir, "state")
 		o.RunDir = filepath.Join(dir, "run")
+		o.CgroupParent = cgroupParent
 		return o
 	}
 	drivertest.Run(t, drivertest.Env{

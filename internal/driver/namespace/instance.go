@@ -28,6 +28,9 @@ type Instance struct {
 
 	mu        sync.Mutex
 	destroyed bool
+	// ckMu makes checkpoints of the instance one at a time: a second
+	// one would find the agent's listener handed off.
+	ckMu sync.Mutex
 }
 
 var _ driver.Instance = (*Instance)(nil)
@@ -37,6 +40,10 @@ func (i *Instance) ID() string { return i.id }
 
 // PID is the host pid of the sandbox's PID 1.
 func (i *Instance) PID() int { return i.proc.pid }
+
+// NetNSPath implements driver.NetNSer: the network namespace of PID 1,
+// which Attach has checked is the sandbox's own process.
+func (i *Instance) NetNSPath() string { return fmt.Sprintf("/proc/%d/ns/net", i.proc.pid) }
 
 // Done is closed when the sandbox's PID 1 has exited, i.e. the sandbox is
 // dead (killed, OOM, agent crash) and only needs Destroy.

@@ -209,6 +209,8 @@ func testOptions(t testing.TB) Options {
 		CgroupBase: fmt.Sprintf("space-test-%d", os.Getpid()),
 		Pool:       pool,
 		Logf:       t.Logf,
+		// The package's checkpoint tests skip where CRIU is missing.
+		Checkpoints: true,
 	}
 }
 
@@ -223,6 +225,7 @@ func newDriver(t testing.TB, opts Options) *Driver {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		d.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := d.Sweep(ctx, nil); err != nil {

@@ -22,7 +22,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -32,6 +34,7 @@ import (
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/idmap"
 	"github.com/space-sandbox/space/internal/sandboxinit"
+	"github.com/space-sandbox/space/internal/spawner"
 	"github.com/space-sandbox/space/internal/uidpool"
 	"golang.org/x/sys/unix"
 )
@@ -47,11 +50,17 @@ const (
 	// otherwise: pid exhaustion is host-wide.
 	DefaultPids         = 4096
 	defaultReadyTimeout = 10 * time.Second
-	defaultDestroyWait  = 10 * time.Second
-	maxSocketPath       = 107 // sun_path holds 108 bytes with the NUL
+	// defaultCheckpointTimeout bounds a CRIU checkpoint; an idle sandbox
+	// dumps in a quarter second, one of 1 GiB in a few seconds.
+	defaultCheckpointTimeout = 60 * time.Second
+	defaultDestroyWait       = 10 * time.Second
+	maxSocketPath            = 107 // sun_path holds 108 bytes with the NUL
 )
 
-var defaultAgentArgs = []string{"agent", "--init"}
+var (
+	defaultAgentArgs   = []string{"agent", "--init"}
+	defaultSpawnerArgs = []string{"agent", "--spawner"}
+)
 
 // A sandbox's own disk, where it has a disk limit: <id>/disk.img mounted
 // at <id>/disk.
@@ -92,8 +101,25 @@ type Options struct {
 	// CgroupBase is the dir below the node's cgroups that holds sandbox
 	// groups; default cgroups.DefaultBase ("space").
 	CgroupBase string
+	// CgroupParent, if set, is a cgroup path (from each hierarchy's root)
+	// that holds CgroupBase instead of the node's own cgroup: a node in a
+	// Kubernetes pod, whose sandboxes must be in none of the pod's cgroups
+	// to outlive it (cgroups.NewUnder).
+	CgroupParent string
 	// ReadyTimeout bounds how long Create waits for the agent; default 10s.
 	ReadyTimeout time.Duration
+	// CheckpointTimeout bounds a checkpoint's wait for its turn (at most
+	// max(2, CPUs) dumps run at once) and then the checkpoint itself (the
+	// agent's listener handoff and CRIU's dump); default 60s each. One
+	// that runs out fails and leaves the sandbox running with its
+	// listener back.
+	CheckpointTimeout time.Duration
+	// SpawnerArgs run AgentPath as the fork helper (internal/spawner)
+	// that starts every sandbox's PID 1; default ["agent", "--spawner"].
+	SpawnerArgs []string
+	// DirectFork forks PID 1 from this process instead, copying its page
+	// tables each time (the helper's fallback; for comparisons).
+	DirectFork bool
 	// Network, if set, runs on the host once the sandbox's PID 1 exists and
 	// before it is released (e.g. to put a veth into its network
 	// namespace, /proc/<pid>/ns/net). Its time is Timing.Network.
@@ -101,7 +127,15 @@ type Options struct {
 	// Probe, if set, runs once the agent reports ready (e.g. GET /health
 	// over inst.Dial); Create fails if it does.
 	Probe func(ctx context.Context, inst driver.Instance) error
-	Logf  func(format string, args ...any)
+	// Checkpoints turns on process checkpoints with CRIU (space server
+	// and space node turn it on unless --namespace-criu=false). Off, or
+	// without a working CRIU, Checkpoint and Restore fail with
+	// driver.ErrUnsupported (snapshots keep files only).
+	Checkpoints bool
+	// CRIU is the criu binary checkpoints use (driver.Checkpointer); ""
+	// looks where criu.Find does.
+	CRIU string
+	Logf func(format string, args ...any)
 }
 
 // Driver implements driver.Driver with Linux namespaces.
@@ -117,6 +151,23 @@ type Driver struct {
 	// idmaps holds a user namespace per pool block for the template's
 	// idmapped mounts; nil without a Pool.
 	idmaps *idmap.Cache
+
+	// helper forks the sandboxes' PID 1 (see start); started on the first
+	// Create, again after it died, not retried for a minute after a failed
+	// start (helperFailed).
+	helperMu     sync.Mutex
+	helper       *spawner.Client
+	helperFailed time.Time
+
+	// CRIU, probed at the first checkpoint or restore.
+	criuOnce sync.Once
+	criuPath string
+	criuErr  error
+	// dumps bounds the CRIU dumps that run at once: each freezes its
+	// sandbox while it runs, and thirty at once on two cores (periodic
+	// checkpoints of a busy node) froze every sandbox for 10 s instead of
+	// each for a quarter second in turn.
+	dumps chan struct{}
 }
 
 var _ driver.Driver = (*Driver)(nil)
@@ -140,6 +191,9 @@ func New(opts Options) (*Driver, error) {
 	if opts.AgentArgs == nil {
 		opts.AgentArgs = defaultAgentArgs
 	}
+	if opts.SpawnerArgs == nil {
+		opts.SpawnerArgs = defaultSpawnerArgs
+	}
 	if opts.Env == nil {
 		opts.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	}
@@ -151,6 +205,9 @@ func New(opts Options) (*Driver, error) {
 	}
 	if opts.Pool != nil && (opts.UIDCount != uidpool.BlockSize || opts.Pool.Overlaps(opts.UIDBase, opts.UIDCount)) {
 		return nil, fmt.Errorf("namespace: uid pool %s must not overlap the template range %d+%d, and sandboxes must have %d ids", opts.Pool, opts.UIDBase, opts.UIDCount, uidpool.BlockSize)
+	}
+	if opts.CheckpointTimeout <= 0 {
+		opts.CheckpointTimeout = defaultCheckpointTimeout
 	}
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = defaultReadyTimeout
@@ -185,7 +242,12 @@ func New(opts Options) (*Driver, error) {
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o001 == 0 {
 		return nil, fmt.Errorf("namespace: agent binary %s must be a regular file executable by others (mode %v)", opts.AgentPath, fi.Mode())
 	}
-	cg, err := cgroups.New(opts.CgroupBase)
+	var cg *cgroups.Manager
+	if opts.CgroupParent != "" {
+		cg, err = cgroups.NewUnder(opts.CgroupParent, opts.CgroupBase)
+	} else {
+		cg, err = cgroups.New(opts.CgroupBase)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("namespace: %w: %w", err, driver.ErrUnsupported)
 	}
@@ -197,7 +259,7 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		opts.Logf("namespace: sandboxes run the agent from %s (no memfd copy: %v)", opts.AgentPath, err)
 	}
-	d := &Driver{opts: opts, cg: cg, agent: agent}
+	d := &Driver{opts: opts, cg: cg, agent: agent, dumps: make(chan struct{}, max(2, runtime.NumCPU()))}
 	if opts.Pool != nil {
 		d.idmaps = idmap.NewCache()
 	}
@@ -305,138 +367,26 @@ func (c *cleanup) run() {
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instance, err error) {
 	t0 := time.Now()
 	id := spec.ID
-	if !idRE.MatchString(id) {
-		return nil, fmt.Errorf("namespace: invalid sandbox id %q", id)
-	}
-	if len(d.sockPath(id)) > maxSocketPath {
-		return nil, fmt.Errorf("namespace: socket path for %q too long; use a shorter RunDir", id)
-	}
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = id
-	}
-	rootfs := filepath.Clean(spec.RootfsDir)
-	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() || !filepath.IsAbs(rootfs) {
-		return nil, fmt.Errorf("namespace: rootfs %q is not an absolute directory path (%v)", spec.RootfsDir, err)
-	}
-	if err := ensureTraversable(filepath.Dir(rootfs), d.opts.Logf); err != nil {
-		return nil, err
-	}
-	dir := d.sandboxDir(id)
-	// Init runs in dir and gets names relative to it; the template is
-	// linked in as "lower". Overlayfs shows its options in mountinfo as
-	// given and /proc/1/cmdline is readable inside, so no host path may
-	// appear in either.
-	cfg := sandboxinit.Config{
-		Rootfs:   "lower",
-		Upper:    "upper",
-		Work:     "work",
-		Merged:   "merged",
-		Hostname: hostname,
-		ShmBytes: sandboxinit.ShmSize(spec.Limits.MemoryBytes),
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("namespace: %w", err)
-	}
-	hostPath := func(p string) string { return filepath.Join(dir, p) }
-
 	var undo cleanup
 	defer func() {
 		if err != nil {
 			undo.run()
 		}
 	}()
-
-	// 1. Host dirs. An existing dir means a live or leftover sandbox of
-	// that id: refuse rather than clean up something that is not ours.
-	if err := os.Mkdir(dir, 0o711); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("namespace: sandbox %s already exists", id)
-		}
-		return nil, fmt.Errorf("namespace: %w", err)
+	lay, err := d.layout(ctx, spec, &undo)
+	if err != nil {
+		return nil, err
 	}
-	undo.push(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil { // umask
-		return nil, fmt.Errorf("namespace: %w", err)
-	}
-	// The sandbox's host ids: its own block (owned by dir, which exists
-	// from here until teardown), else the shared range.
-	uidBase := d.opts.UIDBase
-	if d.opts.Pool != nil {
-		if uidBase, err = d.opts.Pool.Alloc(dir); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-		b := uidBase
-		undo.push(func() { _ = d.opts.Pool.Free(b, dir) })
-	}
-	// With a disk limit, upper and work live on the sandbox's own
-	// filesystem of that size (still named relative to dir).
-	var diskTook time.Duration
-	if size := d.diskBytes(spec.Limits); size > 0 {
-		if d.opts.Disks == nil {
-			return nil, fmt.Errorf("namespace: a disk limit needs disk images (none configured): %w", driver.ErrUnsupported)
-		}
-		td := time.Now()
-		if err := os.Mkdir(hostPath(diskMount), 0o755); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-		if err := d.opts.Disks.Create(ctx, hostPath(diskImage), hostPath(diskMount), size); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-		undo.push(func() { _ = diskquota.Remove(hostPath(diskImage), hostPath(diskMount)) })
-		cfg.Upper, cfg.Work = diskMount+"/upper", diskMount+"/work"
-		diskTook = time.Since(td)
-	}
-	for _, p := range []string{cfg.Upper, cfg.Work, cfg.Merged} {
-		if err := os.Mkdir(hostPath(p), 0o755); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-	}
-	idmapped := uidBase != d.opts.UIDBase
-	if idmapped {
-		// The template through an idmapped mount onto the sandbox's block.
-		// The child's mount namespace copies it at clone; the host's copy
-		// is detached once the sandbox is ready: init makes its mounts
-		// private first thing, and until then a host unmount could
-		// propagate into its copy (a shared host root makes it a slave).
-		if err := d.mountLower(rootfs, hostPath(cfg.Rootfs), uidBase); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-		undo.push(func() { unmountLower(dir) })
-	} else if err := os.Symlink(rootfs, hostPath(cfg.Rootfs)); err != nil {
-		return nil, fmt.Errorf("namespace: %w", err)
-	}
-	// Overlay needs upper and work owned by the sandbox's root.
-	for _, p := range []string{cfg.Upper, cfg.Work} {
-		if err := os.Lchown(hostPath(p), int(uidBase), int(uidBase)); err != nil {
-			return nil, fmt.Errorf("namespace: %w", err)
-		}
-	}
-	// A restored layer is written while nothing of the sandbox runs yet.
-	if spec.InitLayer != nil {
-		if err := spec.InitLayer(ctx, driver.Layer{Dir: hostPath(cfg.Upper), UIDBase: uidBase, UIDCount: d.opts.UIDCount}); err != nil {
-			return nil, fmt.Errorf("namespace: init layer: %w", err)
-		}
-	}
+	dir, cfg, uidBase, idmapped, diskTook := lay.dir, lay.cfg, lay.uidBase, lay.idmapped, lay.diskTook
 
 	// 2. The agent's socket, created here so it never appears inside.
 	sock := d.sockPath(id)
-	_ = os.Remove(sock)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("namespace: listen: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
 	undo.push(func() { _ = os.Remove(sock) })
-	lnFile, err := ln.File()
-	_ = ln.Close()
+	lnFile, err := listen(sock)
 	if err != nil {
-		return nil, fmt.Errorf("namespace: listener fd: %w", err)
+		return nil, err
 	}
 	defer lnFile.Close()
-	if err := os.Chmod(sock, 0o600); err != nil {
-		return nil, fmt.Errorf("namespace: %w", err)
-	}
 
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
@@ -515,11 +465,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 
 	var timing driver.Timing
 	tStart := time.Now()
-	if err := cmd.Start(); err != nil {
+	proc, err := d.start(ctx, cmd, logFile)
+	if err != nil {
 		return nil, fmt.Errorf("namespace: start %s: %w", d.opts.AgentPath, err)
 	}
 	timing.Namespaces = time.Since(tStart)
-	proc := newChild(cmd)
 	undo.push(func() {
 		_ = proc.kill()
 		select {
@@ -638,6 +588,164 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	return inst, nil
 }
 
+// checkSpec checks a new sandbox's id and returns its hostname.
+func (d *Driver) checkSpec(spec driver.Spec) (string, error) {
+	if !idRE.MatchString(spec.ID) {
+		return "", fmt.Errorf("namespace: invalid sandbox id %q", spec.ID)
+	}
+	if len(d.sockPath(spec.ID)) > maxSocketPath {
+		return "", fmt.Errorf("namespace: socket path for %q too long; use a shorter RunDir", spec.ID)
+	}
+	if spec.Hostname != "" {
+		return spec.Hostname, nil
+	}
+	return spec.ID, nil
+}
+
+// layout is a new sandbox's host side before anything of it runs.
+type layout struct {
+	dir      string
+	hostname string
+	hostPath func(string) string // a name relative to dir on the host
+	cfg      sandboxinit.Config
+	uidBase  uint32
+	idmapped bool // lower is an idmapped mount the host must detach
+	diskTook time.Duration
+}
+
+// layout checks spec and makes sandbox spec.ID's state dir, uid block,
+// disk, overlay dirs and lower, and fills its writable layer
+// (spec.InitLayer); undo receives the steps that take them back.
+func (d *Driver) layout(ctx context.Context, spec driver.Spec, undo *cleanup) (lay layout, err error) {
+	id := spec.ID
+	hostname, err := d.checkSpec(spec)
+	if err != nil {
+		return lay, err
+	}
+	lay.hostname = hostname
+	rootfs := filepath.Clean(spec.RootfsDir)
+	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() || !filepath.IsAbs(rootfs) {
+		return lay, fmt.Errorf("namespace: rootfs %q is not an absolute directory path (%v)", spec.RootfsDir, err)
+	}
+	if err := ensureTraversable(filepath.Dir(rootfs), d.opts.Logf); err != nil {
+		return lay, err
+	}
+	dir := d.sandboxDir(id)
+	// Init runs in dir and gets names relative to it; the template is
+	// linked in as "lower". Overlayfs shows its options in mountinfo as
+	// given and /proc/1/cmdline is readable inside, so no host path may
+	// appear in either.
+	cfg := sandboxinit.Config{
+		Rootfs:   "lower",
+		Upper:    "upper",
+		Work:     "work",
+		Merged:   "merged",
+		Hostname: hostname,
+		ShmBytes: sandboxinit.ShmSize(spec.Limits.MemoryBytes),
+	}
+	if err := cfg.Validate(); err != nil {
+		return lay, fmt.Errorf("namespace: %w", err)
+	}
+	hostPath := func(p string) string { return filepath.Join(dir, p) }
+	lay.dir, lay.hostPath = dir, hostPath
+
+	// 1. Host dirs. An existing dir means a live or leftover sandbox of
+	// that id: refuse rather than clean up something that is not ours.
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return lay, fmt.Errorf("namespace: sandbox %s already exists", id)
+		}
+		return lay, fmt.Errorf("namespace: %w", err)
+	}
+	undo.push(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil { // umask
+		return lay, fmt.Errorf("namespace: %w", err)
+	}
+	// The sandbox's host ids: its own block (owned by dir, which exists
+	// from here until teardown), else the shared range.
+	uidBase := d.opts.UIDBase
+	if d.opts.Pool != nil {
+		if uidBase, err = d.opts.Pool.Alloc(dir); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+		b := uidBase
+		undo.push(func() { _ = d.opts.Pool.Free(b, dir) })
+	}
+	// With a disk limit, upper and work live on the sandbox's own
+	// filesystem of that size (still named relative to dir).
+	var diskTook time.Duration
+	if size := d.diskBytes(spec.Limits); size > 0 {
+		if d.opts.Disks == nil {
+			return lay, fmt.Errorf("namespace: a disk limit needs disk images (none configured): %w", driver.ErrUnsupported)
+		}
+		td := time.Now()
+		if err := os.Mkdir(hostPath(diskMount), 0o755); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+		if err := d.opts.Disks.Create(ctx, hostPath(diskImage), hostPath(diskMount), size); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+		undo.push(func() { _ = diskquota.Remove(hostPath(diskImage), hostPath(diskMount)) })
+		cfg.Upper, cfg.Work = diskMount+"/upper", diskMount+"/work"
+		diskTook = time.Since(td)
+	}
+	for _, p := range []string{cfg.Upper, cfg.Work, cfg.Merged} {
+		if err := os.Mkdir(hostPath(p), 0o755); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+	}
+	idmapped := uidBase != d.opts.UIDBase
+	if idmapped {
+		// The template through an idmapped mount onto the sandbox's block.
+		// The child's mount namespace copies it at clone; the host's copy
+		// is detached once the sandbox is ready: init makes its mounts
+		// private first thing, and until then a host unmount could
+		// propagate into its copy (a shared host root makes it a slave).
+		if err := d.mountLower(rootfs, hostPath(cfg.Rootfs), uidBase); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+		undo.push(func() { unmountLower(dir) })
+	} else if err := os.Symlink(rootfs, hostPath(cfg.Rootfs)); err != nil {
+		return lay, fmt.Errorf("namespace: %w", err)
+	}
+	// Overlay needs upper and work owned by the sandbox's root.
+	for _, p := range []string{cfg.Upper, cfg.Work} {
+		if err := os.Lchown(hostPath(p), int(uidBase), int(uidBase)); err != nil {
+			return lay, fmt.Errorf("namespace: %w", err)
+		}
+	}
+	// A restored layer is written while nothing of the sandbox runs yet.
+	if spec.InitLayer != nil {
+		if err := spec.InitLayer(ctx, driver.Layer{Dir: hostPath(cfg.Upper), UIDBase: uidBase, UIDCount: d.opts.UIDCount}); err != nil {
+			return lay, fmt.Errorf("namespace: init layer: %w", err)
+		}
+	}
+
+	lay.cfg, lay.uidBase, lay.idmapped, lay.diskTook = cfg, uidBase, idmapped, diskTook
+	return lay, nil
+}
+
+// listen makes the agent's listening socket at sock (replacing a stale
+// file) and returns it as a file to pass on.
+func listen(sock string) (*os.File, error) {
+	_ = os.Remove(sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("namespace: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	f, err := ln.File()
+	_ = ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("namespace: listener fd: %w", err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("namespace: %w", err)
+	}
+	return f, nil
+}
+
 // logTail returns the end of init's log for error messages.
 func logTail(path string) string {
 	b, err := os.ReadFile(path)
@@ -673,6 +781,68 @@ func ensureTraversable(dir string, logf func(string, ...any)) error {
 
 // mountLower attaches the template at dst as the sandbox with host ids
 // uidBase.. sees it: its files, stored as UIDBase.., owned by uidBase...
+// Close stops the fork helper (driver.Closer); sandboxes keep running, and
+// a later Create starts a new helper.
+func (d *Driver) Close() {
+	d.helperMu.Lock()
+	defer d.helperMu.Unlock()
+	if d.helper != nil {
+		d.helper.Close()
+		d.helper = nil
+	}
+}
+
+// start starts a sandbox's PID 1 (cmd, whose Stdout and Stderr are log)
+// through the fork helper: a fork from the server copies the page tables
+// of the whole server process, the helper's a few MiB (internal/spawner).
+// Without a helper (DirectFork, or it cannot start) the server forks.
+func (d *Driver) start(ctx context.Context, cmd *exec.Cmd, log *os.File) (*process, error) {
+	if h := d.forkHelper(ctx); h != nil {
+		req := spawner.Request{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir, Attr: *cmd.SysProcAttr}
+		sp, err := h.Spawn(ctx, req, append([]*os.File{log, log}, cmd.ExtraFiles...))
+		if err == nil {
+			return newSpawned(sp)
+		}
+		if !spawner.IsHelperFailure(err) {
+			return nil, err
+		}
+		// The request never reached it: nothing was started.
+		d.opts.Logf("namespace: fork helper gone, forking from this process: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return newChild(cmd), nil
+}
+
+// forkHelper returns the running fork helper, starting one if needed; nil
+// means fork directly.
+func (d *Driver) forkHelper(ctx context.Context) *spawner.Client {
+	if d.opts.DirectFork {
+		return nil
+	}
+	d.helperMu.Lock()
+	defer d.helperMu.Unlock()
+	if d.helper != nil && d.helper.Alive() {
+		return d.helper
+	}
+	if d.helper != nil {
+		d.helper.Close()
+		d.helper = nil
+	}
+	if time.Since(d.helperFailed) < time.Minute {
+		return nil
+	}
+	h, err := spawner.Start(ctx, d.opts.AgentPath, d.opts.SpawnerArgs)
+	if err != nil {
+		d.helperFailed = time.Now()
+		d.opts.Logf("namespace: no fork helper, sandboxes are forked from this process: %v", err)
+		return nil
+	}
+	d.helper = h
+	return h
+}
+
 func (d *Driver) mountLower(rootfs, dst string, uidBase uint32) error {
 	return d.idmaps.MountAt(rootfs, dst, idmap.Mapping{From: d.opts.UIDBase, To: uidBase, Count: d.opts.UIDCount})
 }

@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -664,5 +665,58 @@ func TestParallelCreate(t *testing.T) {
 			t.Error(err)
 		}
 		assertGone(t, d, inst.ID(), pid)
+	}
+}
+
+// TestForkHelper checks who forks PID 1: the fork helper by default (so
+// the node's page tables are not copied per create), this process with
+// DirectFork. Both sandboxes work and leave nothing behind.
+func TestForkHelper(t *testing.T) {
+	requireSandbox(t)
+	ppid := func(pid int) int {
+		t.Helper()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		n, err := strconv.Atoi(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, direct := range []bool{false, true} {
+		opts := testOptions(t)
+		opts.DirectFork = direct
+		d := newDriver(t, opts)
+		inst := create(t, d, "fork", driver.Limits{})
+		pid, parent := inst.PID(), ppid(inst.PID())
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", parent))
+		switch {
+		case direct && parent != os.Getpid():
+			t.Errorf("DirectFork: PID 1's parent is %d (%q), want this process %d", parent, cmdline, os.Getpid())
+		case !direct && !bytes.Contains(cmdline, []byte("--spawner")):
+			t.Errorf("PID 1's parent is %d (%q), want the fork helper", parent, cmdline)
+		}
+		// Closing the driver stops the helper, not the sandbox it forked.
+		d.Close()
+		if !direct {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", parent)); err == nil {
+				time.Sleep(200 * time.Millisecond)
+				if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", parent)); bytes.Equal(b, cmdline) {
+					t.Errorf("fork helper %d still runs after Close", parent)
+				}
+			}
+		}
+		c := client.New(inst.Dial)
+		if err := c.Health(testCtx(t)); err != nil {
+			t.Errorf("direct=%v: health after Close: %v", direct, err)
+		}
+		c.Close()
+		if err := inst.Destroy(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		assertGone(t, d, "fork", pid)
 	}
 }

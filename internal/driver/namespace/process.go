@@ -8,17 +8,21 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"time"
+
+	"github.com/space-sandbox/space/internal/spawner"
 
 	"golang.org/x/sys/unix"
 )
 
-// process is a sandbox's PID 1 as seen from the host: either our own child
-// (reaped by a goroutine so no zombie stays behind) or, after a node
-// restart, someone else's child watched and signalled through a pidfd.
+// process is a sandbox's PID 1 as seen from the host: our own child (reaped
+// by a goroutine so no zombie stays behind), the fork helper's child, or,
+// after a node restart, someone else's child; the last two are watched and
+// signalled through a pidfd.
 type process struct {
 	pid     int
 	done    chan struct{} // closed once PID 1 has exited
-	exitErr error         // child only; valid after done
+	exitErr error         // child or spawned only; valid after done
 
 	cmd *exec.Cmd // child
 
@@ -61,10 +65,32 @@ func openVerified(pid int, startTime, pidNS uint64) (*process, error) {
 		return nil, fmt.Errorf("%w: pid %d was reused or has exited", errGone, pid)
 	}
 	p := &process{pid: pid, done: make(chan struct{}), pidfd: os.NewFile(uintptr(fd), "pidfd")}
-	rc, err := p.pidfd.SyscallConn()
-	if err != nil {
+	if err := p.watch(nil); err != nil {
 		_ = p.pidfd.Close()
 		return nil, err
+	}
+	return p, nil
+}
+
+// newSpawned is a PID 1 the fork helper started: the helper is its parent
+// and reaps it, the driver watches and signals it through the pidfd the
+// helper passed back, like a re-attached one, and gets its exit status
+// from the helper.
+func newSpawned(sp *spawner.Process) (*process, error) {
+	p := &process{pid: sp.Pid, done: make(chan struct{}), pidfd: sp.PidFD}
+	if err := p.watch(func() { p.exitErr = sp.Exit(time.Second) }); err != nil {
+		sp.Release()
+		return nil, err
+	}
+	return p, nil
+}
+
+// watch closes p.done once the pidfd turns readable (the process exited),
+// after calling exited if set; release stops it.
+func (p *process) watch(exited func()) error {
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return err
 	}
 	// A pidfd turns readable when the process exits; the runtime's poller
 	// waits for that without tying up a thread.
@@ -75,10 +101,13 @@ func openVerified(pid int, startTime, pidNS uint64) (*process, error) {
 			return n > 0
 		})
 		if err == nil {
+			if exited != nil {
+				exited()
+			}
 			close(p.done)
 		}
 	}()
-	return p, nil
+	return nil
 }
 
 // kill sends SIGKILL to PID 1, which takes the whole pid namespace with it.

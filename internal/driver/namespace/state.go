@@ -25,6 +25,22 @@ type state struct {
 	// UIDBase is the sandbox's first host id; 0 in sandboxes made before
 	// per-sandbox ranges, which run under the driver's UIDBase.
 	UIDBase uint32 `json:"uid_base,omitempty"`
+	// Handoff, while a checkpoint runs, is the agent's descriptor that
+	// waits for a listener (agenthandoff): a node that died meanwhile
+	// hands one in when it attaches again.
+	Handoff int `json:"handoff_fd,omitempty"`
+}
+
+// setHandoff records (fd > 0) or clears (0) a checkpoint's pending
+// listener handoff in sandbox id's state.
+func (d *Driver) setHandoff(id string, fd int) error {
+	dir := d.sandboxDir(id)
+	st, err := readState(dir)
+	if err != nil {
+		return fmt.Errorf("namespace: %w", err)
+	}
+	st.Handoff = fd
+	return writeState(dir, st)
 }
 
 func writeState(dir string, st state) error {

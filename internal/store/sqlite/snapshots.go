@@ -26,7 +26,7 @@ func (s *Store) CreateSnapshotOp(ctx context.Context, snap core.Snapshot, op cor
 	}
 	defer tx.Rollback()
 	if idemKey != "" {
-		existing, err := getOp(ctx, tx, op.ProjectID, "", idemKey)
+		existing, err := getOp(ctx, s.q(tx), op.ProjectID, "", idemKey)
 		if err == nil {
 			return existing, false, nil
 		}
@@ -42,7 +42,7 @@ func (s *Store) CreateSnapshotOp(ctx context.Context, snap core.Snapshot, op cor
 		snap.ID, snap.ProjectID, snap.SandboxID, nullString(snap.ParentID), string(snap.State), unixNano(snap.CreatedAt), string(doc)); err != nil {
 		return op, false, fmt.Errorf("insert snapshot: %w", err)
 	}
-	if err := insertOp(ctx, tx, op, idemKey); err != nil {
+	if err := insertOp(ctx, s.q(tx), op, idemKey); err != nil {
 		return op, false, err
 	}
 	if err := tx.Commit(); err != nil {

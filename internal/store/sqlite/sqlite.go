@@ -21,10 +21,16 @@ import (
 
 // Store implements core.Store on SQLite.
 type Store struct {
-	db *sql.DB
+	db    *sql.DB
+	stmts *stmtCache
+	batch batcher // group commit of the hot writes (write)
 }
 
-var _ core.Store = (*Store)(nil)
+var (
+	_ core.Store           = (*Store)(nil)
+	_ core.OperationEvents = (*Store)(nil)
+	_ core.RecordEvents    = (*Store)(nil)
+)
 
 const schema = `
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, val BLOB NOT NULL);
@@ -54,6 +60,25 @@ CREATE TABLE IF NOT EXISTS nodes (
   name TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, heartbeat_at INTEGER NOT NULL, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS node_drains (name TEXT PRIMARY KEY, drained_at INTEGER NOT NULL);
 `
+
+// The store's hot queries, prepared once at Open (see stmtCache).
+const (
+	qGetAPIKey     = `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys WHERE id=?`
+	qInsertSandbox = `INSERT INTO sandboxes(id,project_id,state,expires_at,ended_at,doc) VALUES(?,?,?,?,?,?)`
+	qGetSandbox    = `SELECT doc FROM sandboxes WHERE id=? AND (?='' OR project_id=?)`
+	qSandboxDoc    = `SELECT doc FROM sandboxes WHERE id=?`
+	qUpdateSandbox = `UPDATE sandboxes SET state=?, expires_at=?, ended_at=?, doc=? WHERE id=?`
+	qInsertOp      = `INSERT INTO operations(id,project_id,state,idem_key,target,done_at,doc) VALUES(?,?,?,?,?,?,?)`
+	qOpByKey       = `SELECT doc FROM operations WHERE project_id=? AND idem_key=?`
+	qOpByID        = `SELECT doc FROM operations WHERE id=? AND (?='' OR project_id=?)`
+	qUpdateOp      = `UPDATE operations SET state=?, done_at=?, doc=? WHERE id=?`
+	qInsertEvent   = `INSERT INTO events(project_id,created_at,doc) VALUES(?,?,?)`
+	qEventsAfter   = `SELECT seq, doc FROM events WHERE project_id=? AND seq > ? ORDER BY seq LIMIT ?`
+	qLatestSeq     = `SELECT MAX(seq) FROM events WHERE project_id=?`
+)
+
+// hotQueries are prepared at Open, so transactions can use them.
+var hotQueries = []string{qSavepoint, qRelease, qRollbackTo, qGetAPIKey, qInsertSandbox, qGetSandbox, qSandboxDoc, qUpdateSandbox, qInsertOp, qOpByKey, qOpByID, qUpdateOp, qInsertEvent, qEventsAfter, qLatestSeq}
 
 // Open opens (creating if needed) the database file at path.
 func Open(ctx context.Context, path string) (*Store, error) {
@@ -96,8 +121,17 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate sqlite %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db, stmts: newStmtCache(db)}
+	if err := st.stmts.prepareAll(ctx, hotQueries); err != nil {
+		st.stmts.close()
+		db.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	return st, nil
 }
+
+// q runs the hot queries prepared, on the database (tx nil) or in tx.
+func (s *Store) q(tx *sql.Tx) prepared { return prepared{c: s.stmts, tx: tx} }
 
 // addColumn adds a column to a table made by an older schema (SQLite has no
 // ADD COLUMN IF NOT EXISTS) and reports whether it did.
@@ -124,7 +158,10 @@ func addColumn(ctx context.Context, db dbtx, table, col, def string) (bool, erro
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.stmts.close()
+	return s.db.Close()
+}
 
 func unixNano(t time.Time) int64 { return t.UnixNano() }
 
@@ -183,7 +220,7 @@ func scanKey(row interface{ Scan(...any) error }) (core.APIKey, error) {
 
 // GetAPIKey returns a key by id.
 func (s *Store) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
-	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT id,project_id,name,hash,created_at,revoked_at,admin FROM api_keys WHERE id=?`, id))
+	k, err := scanKey(s.q(nil).QueryRowContext(ctx, qGetAPIKey, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, fmt.Errorf("api key: %w", core.ErrNotFound)
 	}
@@ -233,41 +270,46 @@ func sandboxExpiry(sb core.Sandbox) any {
 
 // CreateSandboxOp stores a sandbox and its create operation atomically.
 func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string) (core.Operation, bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return op, false, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	if idemKey != "" {
-		existing, err := getOp(ctx, tx, op.ProjectID, "", idemKey)
-		if err == nil {
-			return existing, false, nil
-		}
-		if !errors.Is(err, core.ErrNotFound) {
-			return op, false, err
-		}
-	}
+	return s.CreateSandboxOpEvents(ctx, sb, op, idemKey, nil)
+}
+
+// CreateSandboxOpEvents implements core.RecordEvents.
+func (s *Store) CreateSandboxOpEvents(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string, evs []core.Event) (core.Operation, bool, error) {
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return op, false, fmt.Errorf("encode sandbox: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(id,project_id,state,expires_at,ended_at,doc) VALUES(?,?,?,?,?,?)`,
-		sb.ID, sb.ProjectID, string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(doc)); err != nil {
-		return op, false, fmt.Errorf("insert sandbox: %w", err)
-	}
-	if err := insertOp(ctx, tx, op, idemKey); err != nil {
+	out, created := op, false
+	err = s.write(ctx, func(ctx context.Context, q prepared) error {
+		if existing, ok, err := replayOf(ctx, q, op.ProjectID, idemKey); err != nil || ok {
+			out = existing
+			return err
+		}
+		if _, err := q.ExecContext(ctx, qInsertSandbox,
+			sb.ID, sb.ProjectID, string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(doc)); err != nil {
+			return fmt.Errorf("insert sandbox: %w", err)
+		}
+		if err := insertOp(ctx, q, op, idemKey); err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if _, err := appendEvent(ctx, q, e); err != nil {
+				return err
+			}
+		}
+		created = true
+		return nil
+	})
+	if err != nil {
 		return op, false, err
 	}
-	if err := tx.Commit(); err != nil {
-		return op, false, fmt.Errorf("commit: %w", err)
-	}
-	return op, true, nil
+	return out, created, nil
 }
 
 // GetSandbox returns a sandbox; projectID "" matches any project.
 func (s *Store) GetSandbox(ctx context.Context, projectID, id string) (core.Sandbox, error) {
 	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id=? AND (?='' OR project_id=?)`, id, projectID, projectID).Scan(&doc)
+	err := s.q(nil).QueryRowContext(ctx, qGetSandbox, id, projectID, projectID).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
 		return core.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
 	}
@@ -339,38 +381,48 @@ func (s *Store) ListSandboxes(ctx context.Context, f core.SandboxFilter) ([]core
 
 // UpdateSandbox applies fn to a sandbox inside a transaction.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sandbox) error) (core.Sandbox, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return core.Sandbox{}, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	var doc string
-	err = tx.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id=?`, id).Scan(&doc)
-	if errors.Is(err, sql.ErrNoRows) {
-		return core.Sandbox{}, fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
-	}
-	if err != nil {
-		return core.Sandbox{}, fmt.Errorf("get sandbox: %w", err)
-	}
+	return s.UpdateSandboxEvent(ctx, id, fn, nil)
+}
+
+// UpdateSandboxEvent implements core.RecordEvents (ev nil: no event).
+func (s *Store) UpdateSandboxEvent(ctx context.Context, id string, fn func(*core.Sandbox) error, ev func(core.Sandbox) (core.Event, error)) (core.Sandbox, error) {
 	var sb core.Sandbox
-	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
-		return sb, fmt.Errorf("decode sandbox: %w", err)
-	}
-	if err := fn(&sb); err != nil {
-		return sb, err
-	}
-	nd, err := json.Marshal(sb)
-	if err != nil {
-		return sb, fmt.Errorf("encode sandbox: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state=?, expires_at=?, ended_at=?, doc=? WHERE id=?`,
-		string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(nd), id); err != nil {
-		return sb, fmt.Errorf("update sandbox: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return sb, fmt.Errorf("commit: %w", err)
-	}
-	return sb, nil
+	err := s.write(ctx, func(ctx context.Context, q prepared) error {
+		sb = core.Sandbox{}
+		var doc string
+		err := q.QueryRowContext(ctx, qSandboxDoc, id).Scan(&doc)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sandbox %s: %w", id, core.ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("get sandbox: %w", err)
+		}
+		if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+			return fmt.Errorf("decode sandbox: %w", err)
+		}
+		if err := fn(&sb); err != nil {
+			return err
+		}
+		nd, err := json.Marshal(sb)
+		if err != nil {
+			return fmt.Errorf("encode sandbox: %w", err)
+		}
+		if _, err := q.ExecContext(ctx, qUpdateSandbox,
+			string(sb.State), sandboxExpiry(sb), sandboxEnded(sb), string(nd), id); err != nil {
+			return fmt.Errorf("update sandbox: %w", err)
+		}
+		if ev != nil {
+			e, err := ev(sb)
+			if err != nil {
+				return err
+			}
+			if _, err := appendEvent(ctx, q, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return sb, err
 }
 
 // ExpiredSandboxes lists running sandboxes past their expiry.
@@ -409,7 +461,7 @@ func insertOp(ctx context.Context, x execer, op core.Operation, idemKey string) 
 	if idemKey != "" {
 		key = idemKey
 	}
-	if _, err := x.ExecContext(ctx, `INSERT INTO operations(id,project_id,state,idem_key,target,done_at,doc) VALUES(?,?,?,?,?,?,?)`,
+	if _, err := x.ExecContext(ctx, qInsertOp,
 		op.ID, op.ProjectID, string(op.State), key, op.Target, opDone(op), string(doc)); err != nil {
 		return fmt.Errorf("insert operation: %w", err)
 	}
@@ -420,9 +472,9 @@ func getOp(ctx context.Context, x execer, projectID, id, idemKey string) (core.O
 	var doc string
 	var err error
 	if idemKey != "" {
-		err = x.QueryRowContext(ctx, `SELECT doc FROM operations WHERE project_id=? AND idem_key=?`, projectID, idemKey).Scan(&doc)
+		err = x.QueryRowContext(ctx, qOpByKey, projectID, idemKey).Scan(&doc)
 	} else {
-		err = x.QueryRowContext(ctx, `SELECT doc FROM operations WHERE id=? AND (?='' OR project_id=?)`, id, projectID, projectID).Scan(&doc)
+		err = x.QueryRowContext(ctx, qOpByID, id, projectID, projectID).Scan(&doc)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return core.Operation{}, fmt.Errorf("operation: %w", core.ErrNotFound)
@@ -437,34 +489,56 @@ func getOp(ctx context.Context, x execer, projectID, id, idemKey string) (core.O
 	return op, nil
 }
 
+// replayOf returns the operation of the project that already holds
+// idemKey, and whether there is one ("" holds none).
+func replayOf(ctx context.Context, x execer, projectID, idemKey string) (core.Operation, bool, error) {
+	if idemKey == "" {
+		return core.Operation{}, false, nil
+	}
+	existing, err := getOp(ctx, x, projectID, "", idemKey)
+	if errors.Is(err, core.ErrNotFound) {
+		return core.Operation{}, false, nil
+	}
+	return existing, err == nil, err
+}
+
 // CreateOperation stores an operation, honouring an idempotency key.
 func (s *Store) CreateOperation(ctx context.Context, op core.Operation, idemKey string) (core.Operation, bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	return s.createOperation(ctx, op, idemKey, nil)
+}
+
+// CreateOperationEvent implements core.RecordEvents.
+func (s *Store) CreateOperationEvent(ctx context.Context, op core.Operation, idemKey string, e core.Event) (core.Operation, bool, error) {
+	return s.createOperation(ctx, op, idemKey, &e)
+}
+
+func (s *Store) createOperation(ctx context.Context, op core.Operation, idemKey string, e *core.Event) (core.Operation, bool, error) {
+	out, created := op, false
+	err := s.write(ctx, func(ctx context.Context, q prepared) error {
+		if existing, ok, err := replayOf(ctx, q, op.ProjectID, idemKey); err != nil || ok {
+			out = existing
+			return err
+		}
+		if err := insertOp(ctx, q, op, idemKey); err != nil {
+			return err
+		}
+		if e != nil {
+			if _, err := appendEvent(ctx, q, *e); err != nil {
+				return err
+			}
+		}
+		created = true
+		return nil
+	})
 	if err != nil {
-		return op, false, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback()
-	if idemKey != "" {
-		existing, err := getOp(ctx, tx, op.ProjectID, "", idemKey)
-		if err == nil {
-			return existing, false, nil
-		}
-		if !errors.Is(err, core.ErrNotFound) {
-			return op, false, err
-		}
-	}
-	if err := insertOp(ctx, tx, op, idemKey); err != nil {
 		return op, false, err
 	}
-	if err := tx.Commit(); err != nil {
-		return op, false, fmt.Errorf("commit: %w", err)
-	}
-	return op, true, nil
+	return out, created, nil
 }
 
 // GetOperation returns an operation; projectID "" matches any project.
 func (s *Store) GetOperation(ctx context.Context, projectID, id string) (core.Operation, error) {
-	return getOp(ctx, s.db, projectID, id, "")
+	return getOp(ctx, s.q(nil), projectID, id, "")
 }
 
 // UpdateOperation overwrites an operation's record.
@@ -473,7 +547,13 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 	if err != nil {
 		return fmt.Errorf("encode operation: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE operations SET state=?, done_at=?, doc=? WHERE id=?`, string(op.State), opDone(op), string(doc), op.ID)
+	return s.write(ctx, func(ctx context.Context, q prepared) error {
+		return updateOp(ctx, q, op, doc)
+	})
+}
+
+func updateOp(ctx context.Context, x execer, op core.Operation, doc []byte) error {
+	res, err := x.ExecContext(ctx, qUpdateOp, string(op.State), opDone(op), string(doc), op.ID)
 	if err != nil {
 		return fmt.Errorf("update operation: %w", err)
 	}
@@ -481,6 +561,19 @@ func (s *Store) UpdateOperation(ctx context.Context, op core.Operation) error {
 		return fmt.Errorf("operation %s: %w", op.ID, core.ErrNotFound)
 	}
 	return nil
+}
+
+// UpdateOperationEvent implements core.OperationEvents: the operation's
+// update and its event in one transaction (one commit where two separate
+// statements made two). Nothing is appended when op has no record.
+func (s *Store) UpdateOperationEvent(ctx context.Context, op core.Operation, e core.Event) (core.Event, error) {
+	doc, err := core.EncodeOperation(op)
+	if err != nil {
+		return e, fmt.Errorf("encode operation: %w", err)
+	}
+	return s.writeEvent(ctx, e, func(ctx context.Context, q prepared) error {
+		return updateOp(ctx, q, op, doc)
+	})
 }
 
 // UnfinishedOperations lists pending and running operations.
@@ -507,11 +600,37 @@ func (s *Store) UnfinishedOperations(ctx context.Context) ([]core.Operation, err
 
 // AppendEvent stores an event and assigns its sequence number.
 func (s *Store) AppendEvent(ctx context.Context, e core.Event) (core.Event, error) {
+	return s.writeEvent(ctx, e, nil)
+}
+
+// writeEvent runs before (if not nil) and, if it succeeds, appends e, in
+// one write; it returns e with its sequence number.
+func (s *Store) writeEvent(ctx context.Context, e core.Event, before func(context.Context, prepared) error) (core.Event, error) {
+	stored := e
+	err := s.write(ctx, func(ctx context.Context, q prepared) error {
+		if before != nil {
+			if err := before(ctx, q); err != nil {
+				return err
+			}
+		}
+		var err error
+		stored, err = appendEvent(ctx, q, e)
+		return err
+	})
+	if err != nil {
+		return e, err
+	}
+	return stored, nil
+}
+
+// appendEvent inserts e (on the database or in a transaction) and returns
+// it with its sequence number.
+func appendEvent(ctx context.Context, x execer, e core.Event) (core.Event, error) {
 	doc, err := json.Marshal(e)
 	if err != nil {
 		return e, fmt.Errorf("encode event: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events(project_id,created_at,doc) VALUES(?,?,?)`, e.ProjectID, eventTime(e), string(doc))
+	res, err := x.ExecContext(ctx, qInsertEvent, e.ProjectID, eventTime(e), string(doc))
 	if err != nil {
 		return e, fmt.Errorf("append event: %w", err)
 	}
@@ -528,7 +647,7 @@ func (s *Store) EventsAfter(ctx context.Context, projectID string, after int64, 
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, doc FROM events WHERE project_id=? AND seq > ? ORDER BY seq LIMIT ?`, projectID, after, limit)
+	rows, err := s.q(nil).QueryContext(ctx, qEventsAfter, projectID, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("events: %w", err)
 	}
@@ -553,7 +672,7 @@ func (s *Store) EventsAfter(ctx context.Context, projectID string, after int64, 
 // LatestEventSeq returns the project's highest event sequence number.
 func (s *Store) LatestEventSeq(ctx context.Context, projectID string) (int64, error) {
 	var seq sql.NullInt64
-	if err := s.db.QueryRowContext(ctx, `SELECT MAX(seq) FROM events WHERE project_id=?`, projectID).Scan(&seq); err != nil {
+	if err := s.q(nil).QueryRowContext(ctx, qLatestSeq, projectID).Scan(&seq); err != nil {
 		return 0, fmt.Errorf("latest event: %w", err)
 	}
 	return seq.Int64, nil

@@ -13,14 +13,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) core.Store {
-		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "space.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+	storetest.Run(t, func(t *testing.T) core.Store { return openTest(t) })
 }
 
 // TestFileMode: the database holds signing and encryption keys, so it and

@@ -23,6 +23,7 @@ func Run(t *testing.T, newStore func(t *testing.T) core.Store) {
 	t.Run("ListFilters", func(t *testing.T) { testList(t, newStore(t)) })
 	t.Run("Events", func(t *testing.T) { testEvents(t, newStore(t)) })
 	t.Run("OperationEvents", func(t *testing.T) { testOperationEvents(t, newStore(t)) })
+	t.Run("RecordEvents", func(t *testing.T) { testRecordEvents(t, newStore(t)) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, newStore(t)) })
 	t.Run("Nodes", func(t *testing.T) { testNodes(t, newStore(t)) })
 	t.Run("NodeDrains", func(t *testing.T) { testNodeDrains(t, newStore(t)) })
@@ -317,6 +318,100 @@ func testOperationEvents(t *testing.T, s core.Store) {
 	}
 	if seq, _ := s.LatestEventSeq(ctx, "p1"); seq != ev.Seq {
 		t.Fatalf("a missing operation's update appended an event: latest %d, want %d", seq, ev.Seq)
+	}
+}
+
+// testRecordEvents: a record and its events are written together (one
+// transaction where the store implements core.RecordEvents), in the
+// order given, and nothing is appended when the record is not written
+// (an idempotent replay, an update whose fn fails, a missing sandbox).
+func testRecordEvents(t *testing.T, s core.Store) {
+	ctx := context.Background()
+	ev := func(typ, data string) core.Event {
+		return core.Event{ProjectID: "p1", Type: typ, Data: []byte(data), CreatedAt: t0}
+	}
+	latest := func() int64 {
+		t.Helper()
+		seq, err := s.LatestEventSeq(ctx, "p1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	types := func(after int64) []string {
+		t.Helper()
+		evs, err := s.EventsAfter(ctx, "p1", after, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.Type+" "+string(e.Data))
+		}
+		return out
+	}
+	before := latest()
+	o := op("op-re", "p1", "sbx-re")
+	if _, created, err := core.CreateSandboxOpEvents(ctx, s, sandbox("sbx-re", "p1"), o, "key-re",
+		[]core.Event{ev("sandbox.state", `{"state":"creating"}`), ev("operation.updated", `{"state":"pending"}`)}); err != nil || !created {
+		t.Fatalf("create sandbox with events: %v %v", created, err)
+	}
+	if got, want := types(before), []string{`sandbox.state {"state":"creating"}`, `operation.updated {"state":"pending"}`}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events of the create: %q, want %q", got, want)
+	}
+	if _, err := s.GetSandbox(ctx, "p1", "sbx-re"); err != nil {
+		t.Fatalf("sandbox after the create: %v", err)
+	}
+	before = latest()
+	if _, created, err := core.CreateSandboxOpEvents(ctx, s, sandbox("sbx-re2", "p1"), op("op-re2", "p1", "sbx-re2"), "key-re",
+		[]core.Event{ev("sandbox.state", `{}`)}); err != nil || created {
+		t.Fatalf("replayed create: created %v, %v", created, err)
+	}
+	if latest() != before {
+		t.Fatal("a replayed create appended events")
+	}
+
+	upd, err := core.UpdateSandboxEvent(ctx, s, "sbx-re", func(sb *core.Sandbox) error {
+		sb.State = core.SandboxRunning
+		return nil
+	}, func(sb core.Sandbox) (core.Event, error) {
+		return ev("sandbox.state", `{"state":"`+string(sb.State)+`"}`), nil
+	})
+	if err != nil || upd.State != core.SandboxRunning {
+		t.Fatalf("update with event: %+v %v", upd, err)
+	}
+	if got := types(before); len(got) != 1 || got[0] != `sandbox.state {"state":"running"}` {
+		t.Fatalf("events of the update: %q", got)
+	}
+	before = latest()
+	refuse := errors.New("refused")
+	if _, err := core.UpdateSandboxEvent(ctx, s, "sbx-re", func(sb *core.Sandbox) error {
+		sb.State = core.SandboxFailed
+		return refuse
+	}, func(core.Sandbox) (core.Event, error) { return ev("sandbox.state", `{}`), nil }); !errors.Is(err, refuse) {
+		t.Fatalf("update whose fn fails: %v", err)
+	}
+	if _, err := core.UpdateSandboxEvent(ctx, s, "sbx-none", func(*core.Sandbox) error { return nil },
+		func(core.Sandbox) (core.Event, error) { return ev("sandbox.state", `{}`), nil }); !errors.Is(err, core.ErrNotFound) {
+		t.Fatalf("update of a missing sandbox: %v, want not found", err)
+	}
+	if got, _ := s.GetSandbox(ctx, "p1", "sbx-re"); got.State != core.SandboxRunning || latest() != before {
+		t.Fatalf("failed updates changed the record (%s) or appended events (%d after %d)", got.State, latest(), before)
+	}
+
+	o3 := op("op-re3", "p1", "sbx-re")
+	if _, created, err := core.CreateOperationEvent(ctx, s, o3, "key-re3", ev("operation.updated", `{"state":"pending"}`)); err != nil || !created {
+		t.Fatalf("create operation with event: %v %v", created, err)
+	}
+	if got := types(before); len(got) != 1 || got[0] != `operation.updated {"state":"pending"}` {
+		t.Fatalf("events of the operation's create: %q", got)
+	}
+	before = latest()
+	if _, created, err := core.CreateOperationEvent(ctx, s, op("op-re4", "p1", "sbx-re"), "key-re3", ev("operation.updated", `{}`)); err != nil || created {
+		t.Fatalf("replayed operation: created %v, %v", created, err)
+	}
+	if latest() != before {
+		t.Fatal("a replayed operation appended an event")
 	}
 }
 

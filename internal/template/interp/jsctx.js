@@ -60,10 +60,42 @@ function errorEvent(e) {
   return { type: 'error', name: 'Error', value: util.inspect(e), traceback: '' }
 }
 
+// A TypeScript context (SPACE_INTERP_TS=1) transpiles each cell with
+// Debian's node-typescript before running it as JavaScript: types are
+// stripped, not checked; syntax errors are reported as SyntaxError.
+const ts = process.env.SPACE_INTERP_TS === '1' ? require('typescript') : null
+delete process.env.SPACE_INTERP_TS
+
+function transpile(code) {
+  if (!ts) return code
+  const out = ts.transpileModule(code, {
+    reportDiagnostics: true,
+    compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.CommonJS, esModuleInterop: true },
+  })
+  const errs = (out.diagnostics || []).filter((d) => d.category === ts.DiagnosticCategory.Error)
+  if (errs.length > 0) {
+    const msg = errs.map((d) => {
+      const text = ts.flattenDiagnosticMessageText(d.messageText, '\n')
+      if (!d.file || d.start === undefined) return text
+      const { line, character } = d.file.getLineAndCharacterOfPosition(d.start)
+      return `(${line + 1},${character + 1}): ${text}`
+    }).join('\n')
+    throw new SyntaxError(msg)
+  }
+  // A cell with import/export is emitted as a CommonJS module: it runs as
+  // a script like any cell, so drop the strict marker and the __esModule
+  // flag, and declare imports with var so the cell can run again.
+  return out.outputText
+    .replace(/^"use strict";\s*\n?/, '')
+    .replace(/^Object\.defineProperty\(exports, "__esModule", \{ value: true \}\);\s*\n?/m, '')
+    .replace(/^const (\w+) = ((?:__importDefault|__importStar)\()?require\(/gm, 'var $1 = $2require(')
+}
+
 // run evaluates one cell: as a script (declarations persist), or, when it
 // uses top-level await, as the body of an async function (its
 // declarations then stay local to the cell, as in E2B's kernel).
 async function run(code) {
+  code = transpile(code)
   let value
   try {
     value = vm.runInThisContext(code, { filename: `<cell ${count}>`, breakOnSigint: true })
@@ -73,7 +105,8 @@ async function run(code) {
     // The value of a single expression is the result; otherwise none.
     let fn
     try {
-      fn = vm.runInThisContext(`(async () => (${body}\n))`, { filename: `<cell ${count}>` })
+      // TypeScript's output ends an expression with ";".
+      fn = vm.runInThisContext(`(async () => (${ts ? body.replace(/;$/, '') : body}\n))`, { filename: `<cell ${count}>` })
     } catch {
       fn = vm.runInThisContext(`(async () => {${body}\n})`, { filename: `<cell ${count}>` })
     }

@@ -8,7 +8,7 @@ end_of_execution); /contexts creates, lists, restarts and removes stateful
 contexts; /health says whether the default Python context is up.
 
 Python contexts are IPython kernels driven through jupyter_client (no
-Jupyter server in between); JavaScript contexts are Node.js processes
+Jupyter server in between); JavaScript (and TypeScript) contexts are Node.js processes
 running jsctx.js. Only the standard library and Debian's python3 packages
 are used. Who may reach this port is decided by SPACE's port forwarding
 (the traffic token of private sandboxes), as E2B's proxy does for its own
@@ -16,6 +16,7 @@ server.
 """
 
 import codecs
+import hmac
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,6 +46,10 @@ START_TIMEOUT_S = 60.0
 # before it is restarted.
 INTERRUPT_GRACE_S = 10.0
 MARK_WAIT_S = 1.0
+# How long the first events of a run (and the answer's status line and
+# headers) wait for more before they are sent (Answer).
+FIRST_WRITE_S = 0.05
+MSG_DELIM = b"<IDS|MSG>"  # Jupyter's wire protocol: identities end here
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 log = logging.getLogger("space-interpreter")
@@ -57,6 +63,17 @@ class HTTPError(Exception):
 
 def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+
+
+def iso_date(s):
+    """A kernel message's date as ISO 8601 with a +00:00 offset (the form
+    the server always sent), or now when the kernel sent none."""
+    if not s:
+        return now_iso()
+    try:
+        return datetime.fromisoformat(s.replace("Z", "+00:00")).isoformat()
+    except (TypeError, ValueError):
+        return str(s)
 
 
 # Result fields of the SDK by MIME type; anything else goes to "extra".
@@ -93,9 +110,14 @@ def result_event(data, main):
 
 
 class JupyterContext:
-    """A Jupyter kernel, driven through jupyter_client's blocking client
-    (no Jupyter server in between). Subclasses name the kernel and how to
-    set and restore environment variables in its language."""
+    """A kernel started by jupyter_client's KernelManager and driven
+    through plain synchronous ZeroMQ sockets to its shell and iopub
+    channels (no Jupyter server in between). Not jupyter_client's
+    blocking client: each of its receives runs an asyncio loop
+    (nest_asyncio) in the calling thread, which cost milliseconds per
+    message on a busy host. Sockets are used only under self.lock.
+    Subclasses name the kernel and how to set and restore environment
+    variables in its language."""
 
     language = kernel_name = None
     # Whether the kernel sends values as display_data, never as
@@ -106,7 +128,7 @@ class JupyterContext:
     def __init__(self, ctx_id, cwd):
         self.id, self.cwd = ctx_id, cwd
         self.lock = threading.Lock()  # one execution at a time
-        self.km = self.kc = None
+        self.km = self.shell = self.iopub = None
         self._start()
 
     def _kernel_args(self):
@@ -117,15 +139,71 @@ class JupyterContext:
 
         km = KernelManager(kernel_name=self.kernel_name)
         km.start_kernel(cwd=self.cwd, extra_arguments=self._kernel_args())
-        kc = km.client()
-        kc.start_channels()
+        shell = iopub = None
         try:
-            kc.wait_for_ready(timeout=START_TIMEOUT_S)
+            shell, iopub = km.connect_shell(), km.connect_iopub()
+            self._wait_ready(km, shell, iopub)
         except Exception:
-            kc.stop_channels()
+            for sock in (shell, iopub):
+                if sock is not None:
+                    sock.close(linger=0)
             km.shutdown_kernel(now=True)
             raise
-        self.km, self.kc = km, kc
+        self.km, self.shell, self.iopub = km, shell, iopub
+
+    @staticmethod
+    def _recv(session, sock):
+        """The next message on sock, its signature checked. Header dates
+        stay strings: jupyter_client's deserialize parses each one with
+        dateutil, a large part of this server's time per message."""
+        parts = sock.recv_multipart()
+        i = parts.index(MSG_DELIM)
+        sig, header, parent, metadata, content = parts[i + 1:i + 6]
+        if session.auth is not None and not hmac.compare_digest(sig, session.sign([header, parent, metadata, content])):
+            raise ValueError("kernel message with a bad signature")
+        header = json.loads(header)
+        return {"header": header, "msg_type": header["msg_type"], "parent_header": json.loads(parent), "content": json.loads(content)}
+
+    def _wait_ready(self, km, shell, iopub):
+        """Asks for kernel_info until it is answered on shell and iopub
+        delivers to our subscription (a SUB socket misses what is published
+        before its subscription reaches the kernel), as jupyter_client's
+        wait_for_ready does."""
+        session = km.session
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            session.send(shell, session.msg("kernel_info_request"))
+            if shell.poll(1000):
+                reply = self._recv(session, shell)
+                if reply["msg_type"] == "kernel_info_reply" and iopub.poll(200):
+                    while iopub.poll(50):  # the request's busy/idle
+                        self._recv(session, iopub)
+                    while shell.poll(0):  # replies to earlier requests
+                        shell.recv_multipart()
+                    return
+            if not km.is_alive():
+                raise RuntimeError("the %s kernel died before replying to kernel_info" % self.kernel_name)
+        raise RuntimeError("the %s kernel did not answer kernel_info in %.0f s" % (self.kernel_name, START_TIMEOUT_S))
+
+    def _send_execute(self, code, silent, store_history):
+        # stop_on_error makes the kernel abort requests queued behind a
+        # cell that raised; this server queues none (one execution at a
+        # time, the next sent after the idle status), but with it a
+        # request sent right after an error's idle could still land
+        # before the kernel stopped aborting, and was answered "aborted"
+        # without running (TestCodeRoute's run after a timeout).
+        msg = self.km.session.msg("execute_request", {
+            "code": code, "silent": silent, "store_history": store_history,
+            "user_expressions": {}, "allow_stdin": False, "stop_on_error": False,
+        })
+        self.km.session.send(self.shell, msg)
+        return msg["header"]["msg_id"]
+
+    def _next_iopub(self, timeout):
+        """The next iopub message, or None after timeout seconds."""
+        if not self.iopub.poll(int(timeout * 1000)):
+            return None
+        return self._recv(self.km.session, self.iopub)
 
     def _set_env_code(self, env):
         raise NotImplementedError
@@ -135,7 +213,8 @@ class JupyterContext:
 
     def close(self):
         try:
-            self.kc.stop_channels()
+            for sock in (self.shell, self.iopub):
+                sock.close(linger=0)
         finally:
             self.km.shutdown_kernel(now=True)
 
@@ -146,12 +225,11 @@ class JupyterContext:
 
     def _quiet(self, code):
         """Runs code silently and waits for it (env var set/restore)."""
-        msg_id = self.kc.execute(code, silent=True, store_history=False)
+        msg_id = self._send_execute(code, True, False)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=POLL_S)
-            except queue.Empty:
+            msg = self._next_iopub(POLL_S)
+            if msg is None:
                 if not self.km.is_alive():
                     return
                 continue
@@ -159,11 +237,8 @@ class JupyterContext:
                 return
 
     def _drain_shell(self):
-        while True:
-            try:
-                self.kc.get_shell_msg(timeout=0)
-            except queue.Empty:
-                return
+        while self.shell.poll(0):
+            self.shell.recv_multipart()
 
     def execute(self, code, env, emit, gone):
         with self.lock:
@@ -177,16 +252,20 @@ class JupyterContext:
                 self._drain_shell()
 
     def _run(self, code, emit, gone):
-        msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=True)
+        msg_id = self._send_execute(code, False, True)
         last_write = time.monotonic()
         last_alive = last_write
         interrupted_at = None
         errored = False
         held = None  # display_values: the latest result, not yet sent
         while True:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=POLL_S)
-            except queue.Empty:
+            # Events are buffered while more messages are waiting and sent
+            # together before waiting: one write for a burst of output.
+            msg = self._next_iopub(0)
+            if msg is None:
+                emit(None)
+                msg = self._next_iopub(emit.wait_s(POLL_S))
+            if msg is None:
                 t = time.monotonic()
                 if interrupted_at is None and gone():
                     log.info("client went away: interrupting context %s", self.id)
@@ -215,8 +294,7 @@ class JupyterContext:
             elif kind == "stream":
                 name = content.get("name")
                 if name in ("stdout", "stderr"):
-                    ts = msg["header"].get("date")
-                    ev = {"type": name, "text": content.get("text", ""), "timestamp": ts.isoformat() if hasattr(ts, "isoformat") else (ts or now_iso())}
+                    ev = {"type": name, "text": content.get("text", ""), "timestamp": iso_date(msg["header"].get("date"))}
             elif kind == "display_data":
                 ev = result_event(content.get("data", {}), False)
             elif kind == "execute_result":
@@ -229,17 +307,17 @@ class JupyterContext:
                 if held is not None and interrupted_at is None:
                     # The run's last output is a value (not a plot): its main result.
                     held["is_main_result"] = not any(k in held for k in ("png", "jpeg", "svg"))
-                    emit(held)
+                    emit(held, more=True)
                 return
             if ev is None or interrupted_at is not None:
                 continue
             if held is not None:
-                emit(held)
+                emit(held, more=True)
                 held = None
             if self.display_values and kind == "display_data":
                 held = ev
                 continue
-            emit(ev)
+            emit(ev, more=True)
             last_write = time.monotonic()
 
     def _restart_locked(self):
@@ -259,6 +337,15 @@ class PythonContext(JupyterContext):
         return [
             "--IPKernelApp.exec_files=" + os.path.join(HERE, "kernel_init.py"),
             "--InteractiveShell.colors=NoColor",
+            # Every cell's history went to SQLite from a saving thread (a
+            # wake-up and a commit per run); in memory, In, Out, _i and
+            # %history of the session work the same, with no file.
+            "--HistoryManager.hist_file=:memory:",
+            # ipykernel sleeps 0.5 ms before each execute_reply (a
+            # mitigation for clients that stop reading at the reply; this
+            # server reads until the idle status) and a sleep's wake-up
+            # takes milliseconds on a busy host.
+            "--Kernel._execute_sleep=0",
         ]
 
     def _set_env_code(self, env):
@@ -361,10 +448,11 @@ class JavaScriptContext(ProcessContext):
     """A Node.js process running jsctx.js (Debian packages no JS kernel)."""
 
     language = "javascript"
+    typescript = False
 
     def _start(self):
         rfd, wfd = os.pipe()
-        env = dict(os.environ, SPACE_INTERP_FD=str(wfd), NODE_NO_WARNINGS="1")
+        env = dict(os.environ, SPACE_INTERP_FD=str(wfd), NODE_NO_WARNINGS="1", SPACE_INTERP_TS="1" if self.typescript else "0")
         try:
             self.proc = subprocess.Popen(
                 ["node", "--stack-trace-limit=50", os.path.join(HERE, "jsctx.js")],
@@ -415,7 +503,11 @@ class JavaScriptContext(ProcessContext):
         last_write = time.monotonic()
         interrupted_at = None
         while True:
-            ev = self._next(POLL_S)
+            # As for Jupyter kernels: events that are waiting go out together.
+            ev = self._next(0)
+            if ev is None:
+                emit(None)
+                ev = self._next(emit.wait_s(POLL_S))
             t = time.monotonic()
             if ev is None:
                 if interrupted_at is None and gone():
@@ -440,8 +532,17 @@ class JavaScriptContext(ProcessContext):
                 self._start()
                 return
             if interrupted_at is None:
-                emit(ev)
+                emit(ev, more=True)
                 last_write = t
+
+
+class TypeScriptContext(JavaScriptContext):
+    """A JavaScript context whose cells are TypeScript: jsctx.js strips
+    the types of each cell with Debian's node-typescript (transpileModule,
+    no type checking) and runs the JavaScript."""
+
+    language = "typescript"
+    typescript = True
 
 
 # The loop a bash context runs: each request is two lines (the cell, then
@@ -553,8 +654,9 @@ class BashContext(ProcessContext):
         # shell's own stdout or stderr (exec >file): then wait briefly.
         while status is None or (len(marks) < 2 and time.monotonic() - status_at < MARK_WAIT_S):
             try:
-                kind, val = self.events.get(timeout=POLL_S)
+                kind, val = self.events.get(timeout=emit.wait_s(POLL_S))
             except queue.Empty:
+                emit(None)  # a held first write that is due
                 t = time.monotonic()
                 if self.proc.poll() is not None and status is None:
                     self._died(emit, interrupted_at is not None)
@@ -587,6 +689,7 @@ class BashContext(ProcessContext):
 LANGUAGES = {
     "python": PythonContext, "python3": PythonContext, "py": PythonContext,
     "javascript": JavaScriptContext, "js": JavaScriptContext, "node": JavaScriptContext,
+    "typescript": TypeScriptContext, "ts": TypeScriptContext,
     "r": RContext, "bash": BashContext, "sh": BashContext, "shell": BashContext,
 }
 
@@ -600,7 +703,7 @@ def normalize_language(lang):
     cls = LANGUAGES.get(name)
     if cls is None:
         raise HTTPError(400, "unsupported_language",
-                        "language %r is not supported by SPACE's code interpreter (supported: python, javascript, r, bash)" % lang[:64])
+                        "language %r is not supported by SPACE's code interpreter (supported: python, javascript, typescript, r, bash)" % lang[:64])
     return cls.language
 
 
@@ -799,38 +902,82 @@ class Handler(BaseHTTPRequestHandler):
         else:
             ctx = self.contexts.default_for(normalize_language(lang))
 
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-ndjson")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Accel-Buffering", "no")
-        self.end_headers()
-        self.wfile.flush()
-        broken = []
-
-        def emit(ev):
-            if broken:
-                return
-            line = json.dumps(ev, default=str).encode() + b"\n"
-            try:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-            except OSError:
-                broken.append(True)
-
-        def gone():
-            return bool(broken) or self._gone()
-
-        ctx.execute(code, env, emit, gone)
-        emit({"type": "end_of_execution"})
-        if broken:
-            self.close_connection = True
-            return
+        answer = Answer(self)
         try:
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
+            ctx.execute(code, env, answer, answer.gone)
+        except Exception as e:
+            if not answer.started:
+                raise  # answered as a JSON error
+            log.exception("execute in context %s", ctx.id)
+            answer({"type": "error", "name": "InternalError", "value": str(e)[:1000], "traceback": ""})
+        # The last event and the end of the chunked body in one write.
+        answer({"type": "end_of_execution"}, tail=b"0\r\n\r\n")
+        if answer.broken:
             self.close_connection = True
+
+
+class Answer:
+    """The streamed answer to one /execute: a chunked body of NDJSON
+    events, sent in as few writes as possible. Each write is a wake-up for
+    every process on the way (SPACE's port forwarding, its agent in the
+    sandbox, the client), so the status line and headers wait for the
+    first events, and the first events wait up to FIRST_WRITE_S for more
+    (or the end of the run): a quick run (`x+1`) leaves as one write
+    where it took four. Later events are sent as soon as the run's loop
+    finds nothing more waiting. Called as emit(ev, more=False, tail=b"")
+    by the contexts, from their own threads too."""
+
+    def __init__(self, handler):
+        self.h = handler
+        self.lock = threading.Lock()
+        self.pending = []
+        self.broken = False
+        self.started = False  # the status line and headers are sent
+        self.hold_until = time.monotonic() + FIRST_WRITE_S
+        handler.log_request(200)
+
+    def _head(self):
+        h = self.h
+        return (
+            "%s 200 OK\r\nServer: %s\r\nDate: %s\r\nContent-Type: application/x-ndjson\r\n"
+            "Transfer-Encoding: chunked\r\nCache-Control: no-store\r\nX-Accel-Buffering: no\r\n\r\n"
+            % (h.protocol_version, h.version_string(), h.date_time_string())
+        ).encode("latin-1")
+
+    def __call__(self, ev, more=False, tail=b""):
+        """Queues ev as one chunk; unless more, sends what is queued (with
+        tail) when it is due. With more, the caller sends it soon, with
+        emit(None) at the latest."""
+        with self.lock:
+            if self.broken:
+                return
+            if ev is not None:
+                line = json.dumps(ev, default=str).encode() + b"\n"
+                self.pending.append(b"%x\r\n%s\r\n" % (len(line), line))
+            if more or not (self.pending or tail):
+                return
+            if not self.started and not tail and time.monotonic() < self.hold_until:
+                return  # the first write waits for more
+            data = b"".join(self.pending) + tail
+            self.pending.clear()
+            if not self.started:
+                data, self.started = self._head() + data, True
+            try:
+                self.h.wfile.write(data)
+            except OSError:
+                self.broken = True
+
+    def wait_s(self, t):
+        """How long a run's loop may wait for its next message before it
+        calls emit(None): t, or less while the first write is held."""
+        with self.lock:
+            if self.started:
+                return t
+            return max(0.0, min(t, self.hold_until - time.monotonic()))
+
+    def gone(self):
+        """Whether the client closed its connection (or a write failed)."""
+        return self.broken or self.h._gone()
 
 
 class Server(ThreadingHTTPServer):

@@ -306,7 +306,8 @@ class Sandbox:
 
     def hibernate(self, wait=True):
         """Snapshot the sandbox and release its instance (state hibernated); resume() starts it
-        again from that snapshot with the same id. Processes start afresh (filesystem-only)."""
+        again from that snapshot with the same id. Processes continue where the driver captures
+        them (gVisor; namespace with CRIU) and start afresh otherwise."""
         return self._lifecycle("hibernate", wait)
 
     def snapshot(self, wait=True):

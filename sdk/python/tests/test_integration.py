@@ -264,7 +264,9 @@ class IntegrationTest(unittest.TestCase):
             self.assertEqual(sb.state, "running")
             self.assertEqual(sb.run("cat /home/user/data/note.txt").stdout, b"kept")
             snap = sb.snapshot()
-            self.assertEqual((snap.state, snap.kind, snap.sandbox_id), ("ready", "filesystem", sb.id))
+            self.assertEqual((snap.state, snap.sandbox_id), ("ready", sb.id))
+            # "process" where the driver captures processes (gVisor; namespace with CRIU).
+            self.assertIn(snap.kind, ("filesystem", "process"))
             self.assertIn(snap.id, [s.id for s in self.client.list_snapshots(sandbox_id=sb.id)])
             (fork,) = self.client.fork_snapshot(snap.id)
             try:

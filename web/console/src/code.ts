@@ -4,7 +4,7 @@
 import { dpFetch, readSSE } from "./api";
 import { h, clear, errText } from "./dom";
 
-const LANGUAGES = ["python", "javascript", "r", "bash"];
+const LANGUAGES = ["python", "javascript", "typescript", "r", "bash"];
 
 export function codeTab(panel: HTMLElement, id: string, closers: (() => void)[]) {
   const lang = h("select", { id: "code-language" }, LANGUAGES.map((l) => h("option", { value: l }, l)));
