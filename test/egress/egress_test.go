@@ -30,6 +30,7 @@ import (
 	"github.com/space-sandbox/space/internal/server"
 	"github.com/space-sandbox/space/internal/store/sqlite"
 	"github.com/space-sandbox/space/internal/template"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) { netnstest.Main(m) }
@@ -217,13 +218,25 @@ func (e *env) close(t *testing.T) {
 		return
 	}
 	e.closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A QEMU sandbox under TCG takes seconds to delete; the budget is for
+	// every delete and the shutdown together.
+	budget := 30 * time.Second
+	if e.isQEMU() {
+		budget = 90 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if e.srv != nil {
-		// Sandboxes outlive a server: delete them first.
-		if ids, err := e.cl.List(ctx, "running"); err == nil {
-			for _, id := range ids {
-				e.cl.Delete(ctx, id)
+		// Sandboxes outlive a server: delete them first, in every state a
+		// test can leave one in (a paused or failed one holds its mounts
+		// and, on qemu, its VM too).
+		ids, err := e.cl.List(ctx, "creating,running,paused,hibernated,restarting,failed,lost")
+		if err != nil {
+			t.Errorf("close: listing the sandboxes left: %v", err)
+		}
+		for _, id := range ids {
+			if err := e.cl.Delete(ctx, id); err != nil {
+				t.Errorf("close: deleting %s: %v", id, err)
 			}
 		}
 		e.srv.Shutdown(ctx)
@@ -234,7 +247,34 @@ func (e *env) close(t *testing.T) {
 	if e.wan != nil {
 		e.wan.close()
 	}
+	// Whatever is still mounted under the test's directory (a console
+	// tmpfs of a sandbox whose delete did not finish) would keep RemoveAll
+	// from removing it and stay on the host after the run: say so, then
+	// detach it.
+	for _, m := range mountsUnder(e.tmp) {
+		t.Errorf("close: %s is still mounted after every sandbox was deleted; detaching it", m)
+		unix.Unmount(m, unix.MNT_DETACH)
+	}
 	os.RemoveAll(e.tmp)
+}
+
+// mountsUnder lists the mount points below dir, deepest first.
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || dir == "" {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
 }
 
 // api calls the control API.
