@@ -68,6 +68,7 @@ func runNode(args []string) error {
 	fs.StringVar(&cfg.QEMUAccel, "qemu-accel", "", "qemu driver accelerator: kvm|tcg")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver")
 	fs.BoolVar(&cfg.NamespaceCRIU, "namespace-criu", true, "namespace driver: keep processes in snapshots, hibernation and forks with CRIU where scripts/criu.sh's patched build is found (--namespace-criu=false: files only)")
+	fs.BoolVar(&cfg.NamespaceLazyRestore, "namespace-lazy-restore", true, "namespace driver: restore a checkpoint holding 128 MiB of memory or more on demand over userfaultfd (the sandbox runs before its pages are in; needs /dev/userfaultfd); --namespace-lazy-restore=false: every restore eager")
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "", "namespace driver: put sandboxes' cgroups below this cgroup path (e.g. /space-sandboxes, in the host's tree: mounted from the host in a Kubernetes pod) instead of below the process's own, so that they outlive it")
 	warm := fs.String("warm-templates", "", "templates to keep a warm pool for (comma-separated)")
 	fs.IntVar(&cfg.WarmPool, "warm-pool", 0, "warm sandboxes kept per warm template")

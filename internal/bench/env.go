@@ -138,6 +138,7 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 	// The memory-snapshot part measures the namespace driver's CRIU
 	// checkpoints where CRIU works (opt-in on a server).
 	cfg.NamespaceCRIU = true
+	cfg.NamespaceLazyRestore = true
 	cfg.AgentPath = o.AgentPath
 	cfg.Builtins = []string{WarmTemplate}
 	cfg.WarmPool = o.WarmPool

@@ -235,6 +235,54 @@ type RestoreOptions struct {
 // host uid 0 without capabilities (a task that entered the new user
 // namespace): see ImageDirFor.
 func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
+	return restore(ctx, path, o, nil)
+}
+
+// Pages is the lazy-pages daemon of a RestoreLazy: it moves the restored
+// tree's anonymous memory in from the image, the pages the tree touches
+// first, then the rest in the background, and exits when every page is
+// in (or the tree is gone).
+type Pages struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Done is closed when the daemon has exited.
+func (p *Pages) Done() <-chan struct{} { return p.done }
+
+// Err is the daemon's exit error, once Done is closed: nil when every
+// page was moved in.
+func (p *Pages) Err() error {
+	<-p.done
+	return p.err
+}
+
+// Stop kills the daemon (a tree that is being destroyed) and waits for it.
+func (p *Pages) Stop() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	<-p.done
+}
+
+// RestoreLazy is Restore with anonymous private memory restored on
+// demand over userfaultfd (criu restore --lazy-pages): the tree runs as
+// soon as its state is back, and a `criu lazy-pages` daemon serving
+// o.ImageDir moves its pages in as they are touched and in the
+// background. o.ImageDir must stay until the returned Pages is done.
+//
+// The restored tasks may be in their own user namespace, where
+// userfaultfd(2) is refused for kernel faults; scripts/criu.sh's build
+// then opens /dev/userfaultfd as root for them, so the host's
+// vm.unprivileged_userfaultfd stays 0.
+func RestoreLazy(ctx context.Context, path string, o RestoreOptions) (int, *Pages, error) {
+	var pages *Pages
+	pid, err := restore(ctx, path, o, &pages)
+	return pid, pages, err
+}
+
+func restore(ctx context.Context, path string, o RestoreOptions, lazy **Pages) (pid int, err error) {
 	logDir := o.LogDir
 	if logDir == "" {
 		logDir = o.ImageDir
@@ -243,6 +291,20 @@ func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
 	_ = os.Remove(pidFile)
 	args := []string{"restore", "-D", o.ImageDir, "-W", logDir, "-o", "restore.log", "-v2",
 		"--root", o.Root, "--restore-detached", "--pidfile", pidFile, "--tcp-close"}
+	if lazy != nil {
+		p, err := startPages(path, o.ImageDir, logDir)
+		if err != nil {
+			return 0, err
+		}
+		defer func() {
+			if err != nil {
+				p.Stop()
+				return
+			}
+			*lazy = p
+		}()
+		args = append(args, "--lazy-pages")
+	}
 	for _, k := range sortedKeys(o.ExternalMounts) {
 		args = append(args, "--external", "mnt["+k+"]:"+o.ExternalMounts[k])
 	}
@@ -269,11 +331,54 @@ func Restore(ctx context.Context, path string, o RestoreOptions) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("criu restore: pid file: %w", err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || pid <= 0 {
 		return 0, fmt.Errorf("criu restore: bad pid file %q", b)
 	}
 	return pid, nil
+}
+
+// lazySocket is the socket `criu lazy-pages` listens on in its work
+// directory and `criu restore --lazy-pages` connects to in its own.
+const lazySocket = "lazy-pages.socket"
+
+// startPages starts `criu lazy-pages` for imageDir with workDir as its
+// work directory and waits until it listens.
+func startPages(path, imageDir, workDir string) (*Pages, error) {
+	sock := filepath.Join(workDir, lazySocket)
+	_ = os.Remove(sock)
+	cmd := exec.Command(path, "lazy-pages", "-D", imageDir, "-W", workDir, "-o", "lazy-pages.log", "-v2")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its own process group: a signal to the node's group is not for it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("criu lazy-pages: %w", err)
+	}
+	p := &Pages{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("criu lazy-pages: %w: %s", err, logErrors(filepath.Join(workDir, "lazy-pages.log"), out.Bytes()))
+		}
+		p.err = err
+		close(p.done)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("criu lazy-pages exited before it listened: %w", p.err)
+		case <-time.After(2 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return nil, fmt.Errorf("criu lazy-pages: no %s after 5s", sock)
+		}
+	}
 }
 
 // ImageDirFor makes dir readable by both identities a restore reads it
@@ -464,7 +569,7 @@ func treePIDs(pid int) []int {
 // 0003 to restore its agent (run from a memfd) and 0004 to dump a
 // restored sandbox again, so it takes only a build with this tag or a
 // later one.
-const BuildTag = PinnedVersion + "+space3"
+const BuildTag = PinnedVersion + "+space4"
 
 // ErrUnpatched means the CRIU found dumps but lacks the patches a SPACE
 // sandbox's restore needs.

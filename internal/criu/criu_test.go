@@ -382,7 +382,7 @@ func TestBuildTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `build="$CRIU_VERSION+space3"`) || !strings.HasSuffix(BuildTag, "+space3") {
+	if !strings.Contains(string(b), `build="$CRIU_VERSION+space4"`) || !strings.HasSuffix(BuildTag, "+space4") {
 		t.Errorf("scripts/criu.sh's build tag and criu.BuildTag (%s) differ", BuildTag)
 	}
 }

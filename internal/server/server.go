@@ -49,28 +49,30 @@ import (
 
 // Config is everything `space server` needs.
 type Config struct {
-	DataDir        string // store, sandbox state, logs
-	Store          string // "sqlite" or "" (DataDir/space.db, the default), or a postgres:// DSN several servers share
-	NodeName       string // this server's node in sandbox records: default "local" (SQLite), host + data-dir hash (PostgreSQL)
-	TemplateDir    string // built templates (default DataDir/templates); may be shared between servers on one host
-	AddrFile       string // if set, the listen addresses are written here as JSON once serving
-	RunDir         string // agent sockets (short path)
-	Listen         string // control API address
-	DataListen     string // data plane address
-	DataURL        string // public data-plane URL handed to clients (default http://DataListen)
-	Driver         string // "namespace", "gvisor", "qemu", "firecracker" or "auto"
-	Runsc          string // runsc for the gvisor driver (default: the pinned build in /var/cache/space/runsc, then PATH)
-	NamespaceCRIU  bool   // namespace driver: process checkpoints with CRIU where found (--namespace-criu, default on)
-	CgroupParent   string // namespace driver: sandboxes' cgroups below this path, not the process's own (--cgroup-parent)
-	QEMUAccel      string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
-	AgentPath      string // the space binary, exec'd as each sandbox's PID 1
-	WarmPool       int
-	WarmTemplates  []string
-	Builtins       []string // builtin templates to make sure of at start ("minimal", "base")
-	DefaultTimeout time.Duration
-	SessionTTL     time.Duration
-	DefaultLimits  core.Limits
-	MaxLimits      core.Limits
+	DataDir       string // store, sandbox state, logs
+	Store         string // "sqlite" or "" (DataDir/space.db, the default), or a postgres:// DSN several servers share
+	NodeName      string // this server's node in sandbox records: default "local" (SQLite), host + data-dir hash (PostgreSQL)
+	TemplateDir   string // built templates (default DataDir/templates); may be shared between servers on one host
+	AddrFile      string // if set, the listen addresses are written here as JSON once serving
+	RunDir        string // agent sockets (short path)
+	Listen        string // control API address
+	DataListen    string // data plane address
+	DataURL       string // public data-plane URL handed to clients (default http://DataListen)
+	Driver        string // "namespace", "gvisor", "qemu", "firecracker" or "auto"
+	Runsc         string // runsc for the gvisor driver (default: the pinned build in /var/cache/space/runsc, then PATH)
+	NamespaceCRIU bool   // namespace driver: process checkpoints with CRIU where found (--namespace-criu, default on)
+	// NamespaceLazyRestore: restores bring memory in on demand (--namespace-lazy-restore).
+	NamespaceLazyRestore bool
+	CgroupParent         string // namespace driver: sandboxes' cgroups below this path, not the process's own (--cgroup-parent)
+	QEMUAccel            string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
+	AgentPath            string // the space binary, exec'd as each sandbox's PID 1
+	WarmPool             int
+	WarmTemplates        []string
+	Builtins             []string // builtin templates to make sure of at start ("minimal", "base")
+	DefaultTimeout       time.Duration
+	SessionTTL           time.Duration
+	DefaultLimits        core.Limits
+	MaxLimits            core.Limits
 	// UIDBase.. (65536 ids) are the host ids templates' files are stored
 	// with, and the ids every sandbox ran under before UIDPool.
 	UIDBase uint32
@@ -313,19 +315,21 @@ func newNamespace(cfg Config, logf func(string, ...any), network *egress.Network
 		hook = network.Setup
 	}
 	d, err := namespace.New(namespace.Options{
-		CgroupBase:    cgroupBase(cfg.DataDir),
-		StateDir:      filepath.Join(cfg.DataDir, "sandboxes"),
-		RunDir:        cfg.RunDir,
-		AgentPath:     cfg.AgentPath,
-		UIDBase:       cfg.UIDBase,
-		UIDCount:      65536,
-		Pool:          cfg.uidPool,
-		DefaultLimits: driverDefaults(cfg),
-		Disks:         cfg.disks,
-		Network:       hook,
-		Checkpoints:   cfg.NamespaceCRIU,
-		CgroupParent:  cfg.CgroupParent,
-		Logf:          logf,
+		CgroupBase:     cgroupBase(cfg.DataDir),
+		StateDir:       filepath.Join(cfg.DataDir, "sandboxes"),
+		RunDir:         cfg.RunDir,
+		AgentPath:      cfg.AgentPath,
+		UIDBase:        cfg.UIDBase,
+		UIDCount:       65536,
+		Pool:           cfg.uidPool,
+		DefaultLimits:  driverDefaults(cfg),
+		Disks:          cfg.disks,
+		Network:        hook,
+		Checkpoints:    cfg.NamespaceCRIU,
+		LazyRestore:    cfg.NamespaceLazyRestore,
+		LazyRestoreMin: namespace.DefaultLazyRestoreMin,
+		CgroupParent:   cfg.CgroupParent,
+		Logf:           logf,
 	})
 	if err != nil || network == nil {
 		return d, err

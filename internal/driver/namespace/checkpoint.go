@@ -118,6 +118,14 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) (err error) 
 	if err != nil {
 		return fmt.Errorf("namespace: checkpoint %s: %w", i.id, err)
 	}
+	// Memory a lazy restore has not moved in yet is in no process to dump.
+	if i.pages != nil {
+		select {
+		case <-i.pages.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("namespace: checkpoint %s: waiting for its lazy restore to finish: %w", i.id, ctx.Err())
+		}
+	}
 	// A sandbox network (--egress) is a veth whose peer is on the host:
 	// it is dumped and recorded, and a restore drops it from the image
 	// and lets the network hook set up a new one. Any other interface
@@ -508,13 +516,25 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 		return fail(err)
 	}
 	tr := time.Now()
-	pid, err := criu.Restore(ctx, bin, criu.RestoreOptions{
+	ro := criu.RestoreOptions{
 		ImageDir: img, Root: merged, LogDir: lay.dir,
 		ExternalMounts: deviceMounts(false), Inherit: inherit,
 		Prepare: prep.String(), Args: []string{"--manage-cgroups=ignore"},
-	})
+	}
+	var pid int
+	var pages *criu.Pages
+	if d.lazyRestore(img) {
+		pid, pages, err = criu.RestoreLazy(ctx, bin, ro)
+	} else {
+		pid, err = criu.Restore(ctx, bin, ro)
+	}
 	if err != nil {
 		return fail(err)
+	}
+	if pages != nil {
+		// Undo runs last in, first out: the tree's kill (pushed below)
+		// comes first, then the daemon's.
+		undo.push(pages.Stop)
 	}
 	took := time.Since(tr)
 	// The restored mount namespace holds its own references.
@@ -558,7 +578,7 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 			return fail(fmt.Errorf("network: %w", err))
 		}
 	}
-	inst := &Instance{d: d, id: id, sock: sock, groups: []*cgroups.Group{group}, proc: proc, uidBase: lay.uidBase}
+	inst := &Instance{d: d, id: id, sock: sock, groups: []*cgroups.Group{group}, proc: proc, uidBase: lay.uidBase, pages: pages}
 	if err := inst.handIn(meta.HandoffFD); err != nil {
 		return fail(err)
 	}
@@ -570,10 +590,51 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 			return fail(fmt.Errorf("agent probe: %w", err))
 		}
 	}
-	_ = os.RemoveAll(img)
+	if pages == nil {
+		_ = os.RemoveAll(img)
+	} else {
+		// The daemon reads the image until every page is in.
+		go func() {
+			if err := pages.Err(); err != nil {
+				d.opts.Logf("namespace: %s: lazy restore: %v", id, err)
+			}
+			_ = os.RemoveAll(img)
+		}()
+	}
 	inst.timing = driver.Timing{Total: time.Since(t0), AgentReady: time.Since(tr)}
 	d.opts.Logf("namespace: restored %s in %v (criu restore %v)", id, inst.timing.Total, took)
 	return inst, nil
+}
+
+// lazyRestore says whether a restore of img brings its memory in on
+// demand: asked for, the image big enough (Options.LazyRestoreMin) and
+// /dev/userfaultfd there for CRIU's restore to open.
+func (d *Driver) lazyRestore(img string) bool {
+	if !d.opts.LazyRestore {
+		return false
+	}
+	d.uffdOnce.Do(func() {
+		f, err := os.OpenFile("/dev/userfaultfd", os.O_RDWR, 0)
+		if err != nil {
+			d.opts.Logf("namespace: restores stay eager: %v", err)
+			return
+		}
+		f.Close()
+		d.uffdOK = true
+	})
+	if !d.uffdOK {
+		return false
+	}
+	var n int64
+	ents, _ := os.ReadDir(img)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img") {
+			if fi, err := e.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+	}
+	return n >= d.opts.LazyRestoreMin
 }
 
 // waitAgent waits until inst's agent accepts a connection.

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
 )
@@ -25,6 +26,9 @@ type Instance struct {
 	timing driver.Timing
 	// uidBase is the sandbox's first host id.
 	uidBase uint32
+	// pages is the lazy-pages daemon of a lazy restore until it has
+	// moved every page in (nil otherwise).
+	pages *criu.Pages
 
 	mu        sync.Mutex
 	destroyed bool
@@ -90,6 +94,10 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	}
 	if err := i.d.teardown(ctx, i.id, i.proc, i.groups, []string{i.sock}, i.uidBase); err != nil {
 		return err
+	}
+	if i.pages != nil {
+		// After the tree: it may be waiting on a page only the daemon has.
+		i.pages.Stop()
 	}
 	i.destroyed = true
 	return nil

@@ -135,8 +135,20 @@ type Options struct {
 	// CRIU is the criu binary checkpoints use (driver.Checkpointer); ""
 	// looks where criu.Find does.
 	CRIU string
-	Logf func(format string, args ...any)
+	// LazyRestore restores a checkpoint's anonymous memory on demand
+	// (criu.RestoreLazy) when its image holds at least LazyRestoreMin
+	// bytes of pages: the sandbox runs once its state is back and its
+	// pages follow, those it touches first. Without /dev/userfaultfd
+	// restores stay eager.
+	LazyRestore    bool
+	LazyRestoreMin int64
+	Logf           func(format string, args ...any)
 }
+
+// DefaultLazyRestoreMin is where a lazy restore starts to pay on a
+// 2-core host (BenchmarkRestoreHeld): below it the lazy-pages daemon's
+// start costs more than copying the pages in.
+const DefaultLazyRestoreMin = 128 << 20
 
 // Driver implements driver.Driver with Linux namespaces.
 type Driver struct {
@@ -161,6 +173,9 @@ type Driver struct {
 
 	// CRIU, probed at the first checkpoint or restore.
 	criuOnce sync.Once
+	// uffdOnce/uffdOK: /dev/userfaultfd opens (lazy restores can run).
+	uffdOnce sync.Once
+	uffdOK   bool
 	criuPath string
 	criuErr  error
 	// dumps bounds the CRIU dumps that run at once: each freezes its
