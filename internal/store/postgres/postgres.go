@@ -393,6 +393,13 @@ func (s *Store) ListSandboxes(ctx context.Context, f core.SandboxFilter) ([]core
 // row locked (SELECT … FOR UPDATE), so concurrent updates from any replica
 // apply one after the other.
 func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sandbox) error) (core.Sandbox, error) {
+	return s.UpdateSandboxEvent(ctx, id, fn, nil)
+}
+
+// UpdateSandboxEvent implements core.RecordEvents (ev nil: no event): the
+// event ev makes of the updated record is appended in the update's
+// transaction, in the pipeline of its UPDATE and COMMIT.
+func (s *Store) UpdateSandboxEvent(ctx context.Context, id string, fn func(*core.Sandbox) error, ev func(core.Sandbox) (core.Event, error)) (core.Sandbox, error) {
 	// The transaction of BEGIN, SELECT … FOR UPDATE, UPDATE, COMMIT in two
 	// round trips instead of four: each pair goes in one pipeline. A
 	// BEGIN in a pipeline keeps its transaction open past the pipeline's
@@ -431,6 +438,13 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sand
 			err = fmt.Errorf("encode metadata: %w", err)
 		}
 	}
+	var rows eventRows
+	if err == nil && ev != nil {
+		var e core.Event
+		if e, err = ev(sb); err == nil {
+			rows, err = encodeEvents([]core.Event{e})
+		}
+	}
 	if err != nil {
 		rollback()
 		return sb, err
@@ -438,6 +452,9 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*core.Sand
 	b = &pgx.Batch{}
 	b.Queue(`UPDATE sandboxes SET state=$1, node=$2, expires_at=$3, ended_at=$4, metadata=$5, doc=$6 WHERE id=$7`,
 		string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(nd), id)
+	if ev != nil {
+		b.Queue(`WITH g AS (SELECT 1), `+appendCTE("g", 1)+` SELECT (SELECT count(*) FROM nt)`, rows.args()...)
+	}
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback()

@@ -104,21 +104,68 @@ func TestEventsAcrossReplicas(t *testing.T) {
 		t.Fatal("replica b not woken by replica a's event")
 	}
 
-	// Concurrent appends from both, while a follower reads "after last".
+	// Each write that records events (core.RecordEvents) wakes the other
+	// replica for its project too.
+	now := time.Now()
+	recorders := []struct {
+		name  string
+		write func() error
+	}{
+		{"CreateSandboxOpEvents", func() error {
+			_, _, err := a.CreateSandboxOpEvents(ctx, core.Sandbox{ID: "sbx-w", ProjectID: "p3", Template: "minimal", State: core.SandboxCreating, CreatedAt: now},
+				core.Operation{ID: "op-w1", ProjectID: "p3", Kind: "sandbox.create", Target: "sbx-w", State: core.OpPending, CreatedAt: now}, "",
+				[]core.Event{{ProjectID: "p3", Type: "x", Data: []byte(`{}`), CreatedAt: now}})
+			return err
+		}},
+		{"UpdateSandboxEvent", func() error {
+			_, err := a.UpdateSandboxEvent(ctx, "sbx-w", func(sb *core.Sandbox) error { sb.State = core.SandboxRunning; return nil },
+				func(core.Sandbox) (core.Event, error) { return core.Event{ProjectID: "p3", Type: "x", Data: []byte(`{}`), CreatedAt: now}, nil })
+			return err
+		}},
+		{"CreateOperationEvent", func() error {
+			_, _, err := a.CreateOperationEvent(ctx, core.Operation{ID: "op-w2", ProjectID: "p3", Kind: "sandbox.pause", Target: "sbx-w", State: core.OpPending, CreatedAt: now}, "",
+				core.Event{ProjectID: "p3", Type: "x", Data: []byte(`{}`), CreatedAt: now})
+			return err
+		}},
+	}
+	for _, r := range recorders {
+		if err := r.write(); err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		select {
+		case p := <-woken:
+			if p != "p3" {
+				t.Fatalf("%s: woken for %q", r.name, p)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("replica b not woken by replica a's %s", r.name)
+		}
+	}
+
+	// Concurrent appends from both, while a follower reads "after last":
+	// replica b's through operations that record their event, so the two
+	// ways of taking a sequence number interleave.
 	const per = 100
 	var wg sync.WaitGroup
 	for _, s := range []*Store{a, b} {
 		for w := 0; w < 4; w++ {
 			wg.Add(1)
-			go func(s *Store) {
+			go func(s *Store, w int) {
 				defer wg.Done()
 				for i := 0; i < per/4; i++ {
-					if _, err := s.AppendEvent(ctx, core.Event{ProjectID: "p2", Type: "x", Data: []byte(`{}`), CreatedAt: time.Now()}); err != nil {
+					e := core.Event{ProjectID: "p2", Type: "x", Data: []byte(`{}`), CreatedAt: time.Now()}
+					var err error
+					if s == b {
+						_, _, err = s.CreateOperationEvent(ctx, core.Operation{ID: fmt.Sprintf("op-c%d-%d", w, i), ProjectID: "p2", Kind: "sandbox.pause", Target: "x", State: core.OpPending, CreatedAt: e.CreatedAt}, "", e)
+					} else {
+						_, err = s.AppendEvent(ctx, e)
+					}
+					if err != nil {
 						t.Error(err)
 						return
 					}
 				}
-			}(s)
+			}(s, w)
 		}
 	}
 	finished := make(chan struct{})
