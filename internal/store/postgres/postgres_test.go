@@ -119,7 +119,9 @@ func TestEventsAcrossReplicas(t *testing.T) {
 		}},
 		{"UpdateSandboxEvent", func() error {
 			_, err := a.UpdateSandboxEvent(ctx, "sbx-w", func(sb *core.Sandbox) error { sb.State = core.SandboxRunning; return nil },
-				func(core.Sandbox) (core.Event, error) { return core.Event{ProjectID: "p3", Type: "x", Data: []byte(`{}`), CreatedAt: now}, nil })
+				func(core.Sandbox) (core.Event, error) {
+					return core.Event{ProjectID: "p3", Type: "x", Data: []byte(`{}`), CreatedAt: now}, nil
+				})
 			return err
 		}},
 		{"CreateOperationEvent", func() error {
