@@ -270,12 +270,20 @@ func (n *Node) waitAgent(ctx context.Context, h *Sandbox) {
 // processes continue where they were. On another driver only the files
 // come back (the progress message says so).
 func (n *Node) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, chain []string, progress core.Progress) (core.Placement, error) {
+	// Where a restore's time goes, logged once it has started: the
+	// chain's manifests, the files, the process image and the driver.
+	var tChain, tFiles, tImage, tDriver time.Duration
+	var imgBytes int64
+	t0 := time.Now()
 	st, img, err := n.snaps.LoadChain(ctx, chain)
 	if err != nil {
 		return core.Placement{}, fmt.Errorf("load snapshot: %w", err)
 	}
+	tChain = time.Since(t0)
 	initLayer := func(ctx context.Context, l driver.Layer) error {
+		t := time.Now()
 		res, err := n.snaps.Materialize(ctx, st, l)
+		tFiles = time.Since(t)
 		if err == nil {
 			progress(40, fmt.Sprintf("restored %d files (%d bytes)", res.Entries, res.Bytes))
 		}
@@ -294,16 +302,27 @@ func (n *Node) StartSandboxFromSnapshot(ctx context.Context, sb core.Sandbox, ch
 					return nil, err
 				}
 				defer os.RemoveAll(dir)
+				t := time.Now()
 				size, err := n.snaps.MaterializeImage(ctx, img, dir)
+				tImage, imgBytes = time.Since(t), size
 				if err != nil {
 					return nil, fmt.Errorf("process image: %w", err)
 				}
 				progress(50, fmt.Sprintf("restoring processes (%d-byte image)", size))
-				return r.Restore(ctx, spec, dir)
+				t = time.Now()
+				inst, err := r.Restore(ctx, spec, dir)
+				tDriver = time.Since(t) - tFiles // the driver lays the files down itself
+				return inst, err
 			}
 		}
 	}
-	return n.startSandbox(ctx, sb, progress, initLayer, restore)
+	pl, err := n.startSandbox(ctx, sb, progress, initLayer, restore)
+	if err == nil {
+		n.o.Logf("sandbox %s: started from snapshot in %v (manifests %v, files %v, process image %v for %d bytes, driver %v)",
+			sb.ID, time.Since(t0).Round(time.Millisecond), tChain.Round(time.Millisecond), tFiles.Round(time.Millisecond),
+			tImage.Round(time.Millisecond), imgBytes, tDriver.Round(time.Millisecond))
+	}
+	return pl, err
 }
 
 // followRestored records the output of the commands a restored agent
