@@ -295,6 +295,30 @@ func TestCorruptChunkDetected(t *testing.T) {
 	}
 }
 
+// TestManifestCache: a manifest read twice is decoded once (a fork burst
+// reads one chain per fork), and a collected one is gone at once.
+func TestManifestCache(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	s, err := Open(t.TempDir(), nil)
+	must(t, err)
+	l := newLayer(t)
+	write(t, l, "f", []byte("content"), 0o644, 0)
+	r, err := s.Capture(ctx, l, nil)
+	must(t, err)
+	m1, err := s.LoadManifest(r.Manifest)
+	must(t, err)
+	m2, err := s.LoadManifest(r.Manifest)
+	must(t, err)
+	if m1 != m2 {
+		t.Error("the second read of a manifest decoded it again")
+	}
+	must(t, os.Remove(s.manifestPath(r.Manifest)))
+	if _, err := s.LoadManifest(r.Manifest); err == nil {
+		t.Error("a removed manifest still loads from the cache")
+	}
+}
+
 func TestValidPath(t *testing.T) {
 	for p, ok := range map[string]bool{"a": true, "a/b": true, "": false, "/a": false, "a/../b": false,
 		"..": false, "a//b": false, "a/": false, "a\x00b": false, strings.Repeat("x", 256): false} {

@@ -33,6 +33,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,47 @@ type Store struct {
 	// object written here is also put there (chunks before the manifest
 	// that names them), and what is missing here is fetched from it.
 	shared *sharedStore
+	// manifests holds decoded, verified manifests by digest: a manifest
+	// never changes under its digest, and a fork burst or a sandbox
+	// hibernated again and again reads the same chain each time.
+	manifests manifestCache
+}
+
+// manifestCache is a small FIFO of decoded manifests.
+type manifestCache struct {
+	mu    sync.Mutex
+	m     map[string]*Manifest
+	order []string
+}
+
+// Bounds of the manifest cache: entries, and the largest manifest kept
+// (compressed bytes; a layer of many files is not worth the memory).
+const (
+	manifestCacheEntries  = 64
+	manifestCacheMaxBytes = 1 << 20
+)
+
+func (c *manifestCache) get(digest string) *Manifest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[digest]
+}
+
+func (c *manifestCache) put(digest string, m *Manifest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]*Manifest{}
+	}
+	if _, ok := c.m[digest]; ok {
+		return
+	}
+	if len(c.order) >= manifestCacheEntries {
+		delete(c.m, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.m[digest] = m
+	c.order = append(c.order, digest)
 }
 
 // Open opens (creating if needed) a store at dir.
@@ -173,6 +215,7 @@ func (s *Store) putManifest(ctx context.Context, m *Manifest) (string, int64, er
 }
 
 // LoadManifest reads and validates a manifest of the local directory.
+// The manifest may be shared with other callers: it must not be changed.
 func (s *Store) LoadManifest(digest string) (*Manifest, error) {
 	return s.loadManifest(context.Background(), digest, nil)
 }
@@ -193,6 +236,11 @@ func (s *Store) loadManifest(ctx context.Context, digest string, from Backend) (
 	if sum := sha256.Sum256(raw); hex.EncodeToString(sum[:]) != digest {
 		return nil, fmt.Errorf("%w: manifest %s does not match its digest", ErrCorrupt, digest)
 	}
+	// The file is read and checked every time (a collected or tampered
+	// manifest fails as without the cache); only decoding is saved.
+	if m := s.manifests.get(digest); m != nil {
+		return m, nil
+	}
 	zr, err := gzip.NewReader(bytes.NewReader(raw))
 	if err != nil {
 		return nil, fmt.Errorf("%w: manifest %s: %v", ErrCorrupt, digest, err)
@@ -205,6 +253,9 @@ func (s *Store) loadManifest(ctx context.Context, digest string, from Backend) (
 	}
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("%w: manifest %s: %v", ErrCorrupt, digest, err)
+	}
+	if len(raw) <= manifestCacheMaxBytes {
+		s.manifests.put(digest, &m)
 	}
 	return &m, nil
 }
