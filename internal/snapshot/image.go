@@ -185,7 +185,11 @@ func (s *Store) MaterializeImage(ctx context.Context, pi *ProcessImage, dir stri
 }
 
 func (s *Store) writeImageFile(ctx context.Context, pfd int, name string, f ImageFile, paged bool, buf []byte) (int64, error) {
-	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	// 0644 as CRIU writes its images: a restore reads them as the
+	// sandbox's root, and the namespace driver links such files into the
+	// sandbox's dir instead of copying them. The dir (TempDir: 0700, or
+	// the caller's) keeps everyone else out.
+	fd, err := unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return 0, err
 	}
