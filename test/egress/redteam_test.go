@@ -970,7 +970,7 @@ func (e *env) runCaseIn(t *testing.T, c rtCase, mode, ex string, sb sbx) outcome
 		o.verdict, o.why = "N/A", r.na // gvisor and qemu only: see gvisorNA, qemuNA
 	case !r.deny || !r.ctrl || len(r.invalid) > 0:
 		o.verdict = "INVALID"
-		o.why = fmt.Sprintf("denial logged %v, positive control %v %s; counters grew: %s", r.deny, r.ctrl, strings.Join(r.invalid, "; "), r.grown())
+		o.why = fmt.Sprintf("denial logged %v, positive control %v %s; counters grew: %s; decisions: %s", r.deny, r.ctrl, strings.Join(r.invalid, "; "), r.grown(), r.evidence())
 	default:
 		o.verdict = "PASS"
 		o.why = strings.TrimPrefix(strings.Join([]string{r.evidence(), r.note}, "; "), "; ")
