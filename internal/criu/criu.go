@@ -566,9 +566,9 @@ func treePIDs(pid int) []int {
 // BuildTag is what scripts/criu.sh writes to the DONE marker beside the
 // binary it builds: the pinned version and the level of SPACE's patches
 // (scripts/criu-patches/). The namespace driver needs patches 0002 and
-// 0003 to restore its agent (run from a memfd) and 0004 to dump a
-// restored sandbox again, so it takes only a build with this tag or a
-// later one.
+// 0003 to restore its agent (run from a memfd), 0004 to dump a
+// restored sandbox again and 0005 for a lazy restore into its user
+// namespace, so it takes only a build with this tag or a later one.
 const BuildTag = PinnedVersion + "+space4"
 
 // ErrUnpatched means the CRIU found dumps but lacks the patches a SPACE
