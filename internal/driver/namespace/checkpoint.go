@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -523,8 +524,14 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 	}
 	var pid int
 	var pages *criu.Pages
-	if d.lazyRestore(img) {
+	if d.lazyRestore(ctx, bin, img) {
 		pid, pages, err = criu.RestoreLazy(ctx, bin, ro)
+		if err != nil && ctx.Err() == nil {
+			// CRIU undid its part; the root is still mounted: try
+			// again with every page copied in first.
+			d.opts.Logf("namespace: %s: lazy restore failed, restoring eagerly: %v", id, err)
+			pid, err = criu.Restore(ctx, bin, ro)
+		}
 	} else {
 		pid, err = criu.Restore(ctx, bin, ro)
 	}
@@ -607,9 +614,11 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, imageDir string)
 }
 
 // lazyRestore says whether a restore of img brings its memory in on
-// demand: asked for, the image big enough (Options.LazyRestoreMin) and
-// /dev/userfaultfd there for CRIU's restore to open.
-func (d *Driver) lazyRestore(img string) bool {
+// demand: asked for, the image big enough (Options.LazyRestoreMin),
+// /dev/userfaultfd there for CRIU's restore to open and the kernel's
+// userfaultfd able to follow a restored tree (criu check --feature
+// uffd-noncoop), both checked once.
+func (d *Driver) lazyRestore(ctx context.Context, bin, img string) bool {
 	if !d.opts.LazyRestore {
 		return false
 	}
@@ -620,6 +629,12 @@ func (d *Driver) lazyRestore(img string) bool {
 			return
 		}
 		f.Close()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if out, err := exec.CommandContext(cctx, bin, "check", "--feature", "uffd-noncoop").CombinedOutput(); err != nil {
+			d.opts.Logf("namespace: restores stay eager: criu check --feature uffd-noncoop: %v: %s", err, strings.TrimSpace(string(out)))
+			return
+		}
 		d.uffdOK = true
 	})
 	if !d.uffdOK {

@@ -65,8 +65,12 @@ func TestLazyRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Below the size where lazy pays, a restore stays eager.
+	bin, err := d.criuBin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.opts.LazyRestoreMin = dirBytes(img) + 1
-	if d.lazyRestore(img) {
+	if d.lazyRestore(testCtx(t), bin, img) {
 		t.Errorf("an image of %d bytes restores lazily with LazyRestoreMin %d", dirBytes(img), d.opts.LazyRestoreMin)
 	}
 	d.opts.LazyRestoreMin = 0
