@@ -52,8 +52,22 @@ func (r eventRows) args() []any {
 	return []any{int64(len(r.docs)), r.projects, r.docs, r.times}
 }
 
-// CreateSandboxOpEvents implements core.RecordEvents: CreateSandboxOp's
-// statement appends evs too (one round trip, one commit).
+// created is the answer of a create that claimed idemKey (inserted) or
+// found it taken: then the operation holding it.
+func (s *Store) created(ctx context.Context, op core.Operation, idemKey string, inserted bool) (core.Operation, bool, error) {
+	if inserted {
+		return op, true, nil
+	}
+	prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
+	if err != nil {
+		return op, false, err
+	}
+	return prev, false, nil
+}
+
+// CreateSandboxOpEvents implements core.RecordEvents: the sandbox, its
+// create operation and evs in one statement (one round trip, one commit;
+// atomic without a transaction around it).
 func (s *Store) CreateSandboxOpEvents(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string, evs []core.Event) (core.Operation, bool, error) {
 	doc, err := json.Marshal(sb)
 	if err != nil {
@@ -85,14 +99,7 @@ func (s *Store) CreateSandboxOpEvents(ctx context.Context, sb core.Sandbox, op c
 	if err != nil {
 		return op, false, fmt.Errorf("insert sandbox and operation: %w", err)
 	}
-	if !inserted {
-		prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
-		if err != nil {
-			return op, false, err
-		}
-		return prev, false, nil
-	}
-	return op, true, nil
+	return s.created(ctx, op, idemKey, inserted)
 }
 
 // CreateOperationEvent implements core.RecordEvents: the operation's
@@ -116,12 +123,5 @@ func (s *Store) CreateOperationEvent(ctx context.Context, op core.Operation, ide
 	if err != nil {
 		return op, false, fmt.Errorf("insert operation and event: %w", err)
 	}
-	if !inserted {
-		prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
-		if err != nil {
-			return op, false, err
-		}
-		return prev, false, nil
-	}
-	return op, true, nil
+	return s.created(ctx, op, idemKey, inserted)
 }

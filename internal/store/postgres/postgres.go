@@ -271,41 +271,10 @@ func (s *Store) createWithOp(ctx context.Context, op core.Operation, idemKey str
 
 var errReplay = errors.New("idempotent replay")
 
-// CreateSandboxOp stores a sandbox and its create operation atomically.
+// CreateSandboxOp stores a sandbox and its create operation atomically:
+// CreateSandboxOpEvents without events.
 func (s *Store) CreateSandboxOp(ctx context.Context, sb core.Sandbox, op core.Operation, idemKey string) (core.Operation, bool, error) {
-	doc, err := json.Marshal(sb)
-	if err != nil {
-		return op, false, fmt.Errorf("encode sandbox: %w", err)
-	}
-	md, err := metadataJSON(sb.Metadata)
-	if err != nil {
-		return op, false, fmt.Errorf("encode metadata: %w", err)
-	}
-	opDoc, err := core.EncodeOperation(op)
-	if err != nil {
-		return op, false, fmt.Errorf("encode operation: %w", err)
-	}
-	// One statement, so atomic without a transaction around it (one round
-	// trip instead of four): the sandbox is inserted only when the
-	// operation claimed idemKey.
-	var inserted bool
-	err = s.pool.QueryRow(ctx, `WITH o AS (INSERT INTO operations(id,project_id,state,idem_key,owner,target,done_at,doc) VALUES($9,$2,$10,$11,$12,$13,$14,$15)
-			ON CONFLICT (project_id, idem_key) DO NOTHING RETURNING id),
-		x AS (INSERT INTO sandboxes(id,project_id,state,node,expires_at,ended_at,metadata,doc) SELECT $1,$2,$3,$4,$5,$6,$7,$8 WHERE EXISTS (SELECT 1 FROM o) RETURNING id)
-		SELECT EXISTS (SELECT 1 FROM x)`,
-		sb.ID, sb.ProjectID, string(sb.State), sb.Node, sandboxExpiry(sb), sandboxEnded(sb), string(md), string(doc),
-		op.ID, string(op.State), nullString(idemKey), s.node, op.Target, opDone(op), string(opDoc)).Scan(&inserted)
-	if err != nil {
-		return op, false, fmt.Errorf("insert sandbox and operation: %w", err)
-	}
-	if !inserted {
-		prev, err := getOp(ctx, s.pool, op.ProjectID, "", idemKey)
-		if err != nil {
-			return op, false, err
-		}
-		return prev, false, nil
-	}
-	return op, true, nil
+	return s.CreateSandboxOpEvents(ctx, sb, op, idemKey, nil)
 }
 
 func decodeSandbox(doc string) (core.Sandbox, error) {
