@@ -226,16 +226,33 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) (err error) 
 	if _, err := os.Stat(filepath.Join(freezer, "cgroup.freeze")); freezer == "" || err != nil {
 		freezer = i.groups[0].Paths().Freezer
 	}
+	wasFrozen := frozen(freezer)
 	t0 := time.Now()
-	if err := criu.Dump(ctx, bin, criu.DumpOptions{
-		PID: i.proc.pid, ImageDir: imageDir, LeaveRunning: true,
-		ExternalMounts: deviceMounts(true), ExternalFiles: ext, FreezeCgroup: freezer,
-		// A restore puts the tasks in the new sandbox's groups itself;
-		// the host's hierarchies are nothing to record (and CRIU fails
-		// on controllers the host lists but does not mount, e.g.
-		// "controller hugetlb not found").
-		Args: []string{"--manage-cgroups=ignore"},
-	}); err != nil {
+	dump := func() error {
+		return criu.Dump(ctx, bin, criu.DumpOptions{
+			PID: i.proc.pid, ImageDir: imageDir, LeaveRunning: true,
+			ExternalMounts: deviceMounts(true), ExternalFiles: ext, FreezeCgroup: freezer,
+			// A restore puts the tasks in the new sandbox's groups itself;
+			// the host's hierarchies are nothing to record (and CRIU fails
+			// on controllers the host lists but does not mount, e.g.
+			// "controller hugetlb not found").
+			Args: []string{"--manage-cgroups=ignore"},
+		})
+	}
+	err = dump()
+	if err != nil && ctx.Err() == nil && !wasFrozen && strings.Contains(err.Error(), "Timeout reached") {
+		// The freezer did not get every task within CRIU's 10 s (CI: a
+		// task in D state under load); CRIU thawed what it froze. Once
+		// more, into an empty image dir, before the snapshot falls back
+		// to files only.
+		i.d.opts.Logf("namespace: %s: criu dump: freezing timed out, trying once more: %v", i.id, err)
+		thaw(freezer)
+		if rerr := emptyDir(imageDir); rerr != nil {
+			return fmt.Errorf("namespace: checkpoint %s: %w (and clearing the image dir: %w)", i.id, err, rerr)
+		}
+		err = dump()
+	}
+	if err != nil {
 		return fmt.Errorf("namespace: checkpoint %s: %w", i.id, err)
 	}
 	i.d.opts.Logf("namespace: %s: criu dump %v", i.id, time.Since(t0).Round(time.Millisecond))
@@ -245,6 +262,37 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) (err error) 
 	}
 	if err := os.WriteFile(filepath.Join(imageDir, metaFile), b, 0o644); err != nil {
 		return fmt.Errorf("namespace: checkpoint %s: %w", i.id, err)
+	}
+	return nil
+}
+
+// frozen reports whether the freezer cgroup dir is frozen (a paused
+// sandbox: it stays so, and is not thawed by a retry).
+func frozen(dir string) bool {
+	if b, err := os.ReadFile(filepath.Join(dir, "cgroup.freeze")); err == nil {
+		return strings.TrimSpace(string(b)) == "1"
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "freezer.state"))
+	return strings.TrimSpace(string(b)) != "THAWED" && len(b) > 0
+}
+
+// thaw makes sure a freezer cgroup CRIU gave up on runs again.
+func thaw(dir string) {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0); err != nil {
+		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+	}
+}
+
+// emptyDir removes what dir holds, keeping dir.
+func emptyDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
 	}
 	return nil
 }
