@@ -192,3 +192,49 @@ func BenchmarkRestoreHeld(b *testing.B) {
 		})
 	}
 }
+
+// TestFreezeRetryHelpers: the checkpoint's retry after a freeze timeout
+// reads a paused sandbox as frozen (v2 and v1 files) and leaves it so,
+// thaws what it retries, and empties the image dir it retries into.
+func TestFreezeRetryHelpers(t *testing.T) {
+	v2, v1 := t.TempDir(), t.TempDir()
+	for _, c := range []struct {
+		dir, file, content string
+		want               bool
+	}{
+		{v2, "cgroup.freeze", "1\n", true},
+		{v2, "cgroup.freeze", "0\n", false},
+		{v1, "freezer.state", "FROZEN\n", true},
+		{v1, "freezer.state", "THAWED\n", false},
+	} {
+		if err := os.WriteFile(c.dir+"/"+c.file, []byte(c.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := frozen(c.dir); got != c.want {
+			t.Errorf("frozen with %s %q = %v, want %v", c.file, c.content, got, c.want)
+		}
+	}
+	if err := os.WriteFile(v2+"/cgroup.freeze", []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	thaw(v2)
+	if frozen(v2) {
+		t.Error("thaw left the v2 group frozen")
+	}
+	img := t.TempDir()
+	if err := os.MkdirAll(img+"/sub", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(img+"/pages-1.img", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := emptyDir(img); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(img); len(ents) != 0 {
+		t.Errorf("emptyDir left %d entries", len(ents))
+	}
+	if frozen(t.TempDir()) {
+		t.Error("a dir without freezer files reads as frozen")
+	}
+}
