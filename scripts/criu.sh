@@ -20,7 +20,7 @@ CRIU_CACHE=${CRIU_CACHE:-/var/cache/space/criu}
 dir=$CRIU_CACHE/$CRIU_VERSION
 bin=$dir/criu
 patches=$(cd "$(dirname "$0")" && pwd)/criu-patches
-build="$CRIU_VERSION+space4"
+build="$CRIU_VERSION+space5"
 if [ "$(cat "$dir/DONE" 2>/dev/null)" = "$build" ] && [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
   echo "$bin"
   exit 0

@@ -71,7 +71,7 @@ func Find(explicit string) (string, error) {
 func Version(ctx context.Context, path string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	out, err := command(ctx, path, "--version").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %w: %s: %w", path, err, bytes.TrimSpace(out), ErrUnavailable)
 	}
@@ -109,7 +109,7 @@ func atLeast(v string, major, minor int) bool {
 func Check(ctx context.Context, path string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "check").CombinedOutput()
+	out, err := command(ctx, path, "check").CombinedOutput()
 	text := strings.TrimSpace(string(out))
 	if err != nil || !strings.Contains(text, "Looks good") {
 		return "", fmt.Errorf("%s check: %v: %s: %w", path, err, errorLines(text, 3), ErrUnavailable)
@@ -190,7 +190,7 @@ func Dump(ctx context.Context, path string, o DumpOptions) error {
 		args = append(args, "--external", f.Key())
 	}
 	args = append(args, o.Args...)
-	cmd := exec.CommandContext(ctx, path, args...)
+	cmd := command(ctx, path, args...)
 	// Killed when ctx ends; a helper it left holding the output pipe
 	// must not keep the caller waiting.
 	cmd.WaitDelay = 5 * time.Second
@@ -317,9 +317,9 @@ func restore(ctx context.Context, path string, o RestoreOptions, lazy **Pages) (
 	args = append(args, o.Args...)
 	var cmd *exec.Cmd
 	if o.Prepare != "" {
-		cmd = exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", o.Prepare + "\nexec \"$0\" \"$@\"", path}, args...)...)
+		cmd = command(ctx, "/bin/sh", append([]string{"-c", o.Prepare + "\nexec \"$0\" \"$@\"", path}, args...)...)
 	} else {
-		cmd = exec.CommandContext(ctx, path, args...)
+		cmd = command(ctx, path, args...)
 	}
 	cmd.ExtraFiles = extra
 	cmd.WaitDelay = 5 * time.Second
@@ -347,7 +347,8 @@ const lazySocket = "lazy-pages.socket"
 func startPages(path, imageDir, workDir string) (*Pages, error) {
 	sock := filepath.Join(workDir, lazySocket)
 	_ = os.Remove(sock)
-	cmd := exec.Command(path, "lazy-pages", "-D", imageDir, "-W", workDir, "-o", "lazy-pages.log", "-v2")
+	// Not tied to a caller's context: the daemon outlives the restore.
+	cmd := command(context.Background(), path, "lazy-pages", "-D", imageDir, "-W", workDir, "-o", "lazy-pages.log", "-v2")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// Its own process group: a signal to the node's group is not for it.
@@ -568,8 +569,9 @@ func treePIDs(pid int) []int {
 // (scripts/criu-patches/). The namespace driver needs patches 0002 and
 // 0003 to restore its agent (run from a memfd), 0004 to dump a
 // restored sandbox again and 0005 for a lazy restore into its user
-// namespace, so it takes only a build with this tag or a later one.
-const BuildTag = PinnedVersion + "+space4"
+// namespace (0006 lets it keep its kernel-feature cache where /run is
+// not a tmpfs), so it takes only a build with this tag or a later one.
+const BuildTag = PinnedVersion + "+space5"
 
 // ErrUnpatched means the CRIU found dumps but lacks the patches a SPACE
 // sandbox's restore needs.

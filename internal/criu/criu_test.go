@@ -382,7 +382,7 @@ func TestBuildTag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `build="$CRIU_VERSION+space4"`) || !strings.HasSuffix(BuildTag, "+space4") {
+	if !strings.Contains(string(b), `build="$CRIU_VERSION+space5"`) || !strings.HasSuffix(BuildTag, "+space5") {
 		t.Errorf("scripts/criu.sh's build tag and criu.BuildTag (%s) differ", BuildTag)
 	}
 }
@@ -425,5 +425,93 @@ func TestDropInterfaces(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, f)); (err == nil) != keep {
 			t.Errorf("%s: kept %v, want %v", f, err == nil, keep)
 		}
+	}
+}
+
+// TestOwnDir: the cache directory is used only when it is root's own,
+// mode 0700, and not a link.
+func TestOwnDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the cache directory is root's")
+	}
+	base := t.TempDir()
+	fresh := filepath.Join(base, "fresh")
+	if got := ownDir(fresh); got != fresh {
+		t.Errorf("ownDir(new dir) = %q", got)
+	}
+	if fi, err := os.Stat(fresh); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("made %v %v, want mode 0700", fi, err)
+	}
+	wide := filepath.Join(base, "wide")
+	if err := os.Mkdir(wide, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(wide, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(base, "other")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(other, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(fresh, link); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{wide, other, link, file} {
+		if got := ownDir(d); got != "" {
+			t.Errorf("ownDir(%s) = %q, want refused", filepath.Base(d), got)
+		}
+	}
+}
+
+// TestKdatCache: where /run is not a tmpfs, CRIU (patch 0006) keeps its
+// kernel-feature cache in the directory kdatDir names, and a check with
+// the cache skips the kernel probes.
+func TestKdatCache(t *testing.T) {
+	path := requireCRIU(t)
+	if isTmpfs("/run") {
+		t.Skip("/run is a tmpfs: CRIU keeps its cache in /run/criu.kdat itself")
+	}
+	if !isTmpfs("/dev/shm") {
+		t.Skip("no tmpfs at /dev/shm for the cache: CRIU probes the kernel every time")
+	}
+	b, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "DONE"))
+	if tag := strings.TrimSpace(string(b)); !tagAtLeast(tag, BuildTag) {
+		t.Skipf("criu at %s is build %q, not scripts/criu.sh's %s (patch 0006 reads %s)", path, tag, BuildTag, KdatEnv)
+	}
+	dir := kdatDir()
+	if dir == "" {
+		t.Fatal("no cache directory although /run is not a tmpfs and /dev/shm is")
+	}
+	var took []time.Duration
+	for range 3 {
+		t0 := time.Now()
+		if _, err := Check(context.Background(), path); err != nil {
+			t.Fatal(err)
+		}
+		took = append(took, time.Since(t0))
+	}
+	t.Logf("criu check: %v (the first may write the cache)", took)
+	fi, err := os.Stat(filepath.Join(dir, "criu.kdat"))
+	if err != nil || fi.Size() == 0 {
+		t.Fatalf("no cache in %s after criu check: %v %v", dir, fi, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "criu.kdat.tmp")); err == nil {
+		t.Errorf("criu left %s/criu.kdat.tmp behind", dir)
+	}
+	// The cache is what CRIU reads: a run with its log says so.
+	out, err := command(context.Background(), path, "check", "-v4", "-o", "-").CombinedOutput()
+	if err != nil {
+		t.Fatalf("criu check -v4: %v: %s", err, errorLines(string(out), 3))
+	}
+	if !bytes.Contains(out, []byte("Loaded kdat cache from "+filepath.Join(dir, "criu.kdat"))) {
+		t.Errorf("criu check did not load the cache from %s: %s", dir, errorLines(string(out), 3))
 	}
 }

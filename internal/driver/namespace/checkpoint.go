@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -679,7 +678,7 @@ func (d *Driver) lazyRestore(ctx context.Context, bin, img string) bool {
 		f.Close()
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if out, err := exec.CommandContext(cctx, bin, "check", "--feature", "uffd-noncoop").CombinedOutput(); err != nil {
+		if out, err := criu.Command(cctx, bin, "check", "--feature", "uffd-noncoop").CombinedOutput(); err != nil {
 			d.opts.Logf("namespace: restores stay eager: criu check --feature uffd-noncoop: %v: %s", err, strings.TrimSpace(string(out)))
 			return
 		}
