@@ -21,8 +21,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"time"
+
+	"github.com/space-sandbox/space/internal/driver/swaplisten"
 )
 
 // ReleasePath is the HTTP route that releases the listener.
@@ -37,17 +38,9 @@ const PollInterval = 10 * time.Millisecond
 // Listener is a unix-socket listener that can be released and re-acquired
 // without its Accept callers noticing.
 type Listener struct {
+	*swaplisten.Listener
 	path string
-
-	mu       sync.Mutex
-	cur      net.Listener
-	released bool
-	ready    chan struct{} // closed when cur is listening again
-	closed   bool
-	done     chan struct{}
 }
-
-var _ net.Listener = (*Listener)(nil)
 
 // Listen listens on the unix socket at path.
 func Listen(path string) (*Listener, error) {
@@ -56,64 +49,37 @@ func Listen(path string) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Listener{path: path, cur: l, done: make(chan struct{})}, nil
-}
-
-// Accept implements net.Listener; it waits across a release.
-func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		l.mu.Lock()
-		cur, released, ready := l.cur, l.released, l.ready
-		l.mu.Unlock()
-		if released {
-			select {
-			case <-ready:
-				continue
-			case <-l.done:
-				return nil, net.ErrClosed
-			}
-		}
-		c, err := cur.Accept()
-		if err == nil {
-			return c, nil
-		}
-		l.mu.Lock()
-		again := l.released || l.cur != cur
-		l.mu.Unlock()
-		if !again {
-			return nil, err
-		}
-	}
+	return &Listener{Listener: swaplisten.New(l, nil), path: path}, nil
 }
 
 // Release closes the listening socket and marks it released; a goroutine
 // listens again once the marker is removed.
 func (l *Listener) Release() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return net.ErrClosed
-	}
-	if l.released {
+	err := l.Suspend(func() error {
+		_ = os.Remove(l.path) // unix listeners unlink their socket file; make sure
+		if err := os.WriteFile(l.path+MarkerSuffix, nil, 0o600); err != nil {
+			return fmt.Errorf("agentlisten: %w", err)
+		}
 		return nil
+	})
+	switch {
+	case errors.Is(err, swaplisten.ErrSuspended):
+		return nil
+	case errors.Is(err, net.ErrClosed):
+		return err
 	}
-	l.released = true
-	l.ready = make(chan struct{})
-	_ = l.cur.Close() // unix listeners unlink their socket file
-	_ = os.Remove(l.path)
-	if err := os.WriteFile(l.path+MarkerSuffix, nil, 0o600); err != nil {
-		return fmt.Errorf("agentlisten: %w", err)
-	}
-	go l.reacquire(l.ready)
-	return nil
+	// Also when the marker could not be written: with no marker the
+	// listener comes back at the next poll, and the driver sees the error.
+	go l.reacquire()
+	return err
 }
 
-func (l *Listener) reacquire(ready chan struct{}) {
+func (l *Listener) reacquire() {
 	t := time.NewTicker(PollInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-l.done:
+		case <-l.Done():
 			return
 		case <-t.C:
 		}
@@ -125,29 +91,9 @@ func (l *Listener) reacquire(ready chan struct{}) {
 		if err != nil {
 			continue
 		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			nl.Close()
-			return
-		}
-		l.cur, l.released = nl, false
-		close(ready)
-		l.mu.Unlock()
+		l.Resume(nl)
 		return
 	}
-}
-
-// Close implements net.Listener.
-func (l *Listener) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return nil
-	}
-	l.closed = true
-	close(l.done)
-	return l.cur.Close()
 }
 
 // Addr implements net.Listener.

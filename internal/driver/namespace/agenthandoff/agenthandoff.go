@@ -29,6 +29,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/space-sandbox/space/internal/driver/swaplisten"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,19 +52,19 @@ type Reply struct {
 // Listener is a net.Listener whose socket can be handed off and replaced
 // without its Accept callers noticing.
 type Listener struct {
-	mu     sync.Mutex
-	cur    net.Listener
-	ready  chan struct{} // closed when cur serves again; nil while serving
-	conns  map[*conn]struct{}
-	closed bool
-	done   chan struct{}
+	*swaplisten.Listener
+	// conns are the accepted connections still open, guarded by the
+	// swaplisten lock (track and handoff's closer run under it) and by
+	// mu (a connection's own Close runs outside it).
+	mu    sync.Mutex
+	conns map[*conn]struct{}
 }
-
-var _ net.Listener = (*Listener)(nil)
 
 // New wraps l.
 func New(l net.Listener) *Listener {
-	return &Listener{cur: l, conns: map[*conn]struct{}{}, done: make(chan struct{})}
+	hl := &Listener{conns: map[*conn]struct{}{}}
+	hl.Listener = swaplisten.New(l, hl.track)
+	return hl
 }
 
 // conn is an accepted connection the listener tracks, to close it on a
@@ -83,42 +84,12 @@ func (c *conn) Close() error {
 	return c.Conn.Close()
 }
 
-// Accept implements net.Listener; it waits across a handoff.
-func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		l.mu.Lock()
-		cur, ready := l.cur, l.ready
-		l.mu.Unlock()
-		if ready != nil {
-			select {
-			case <-ready:
-				continue
-			case <-l.done:
-				return nil, net.ErrClosed
-			}
-		}
-		c, err := cur.Accept()
-		l.mu.Lock()
-		if err != nil {
-			again := l.ready != nil || l.cur != cur
-			l.mu.Unlock()
-			if again {
-				continue
-			}
-			return nil, err
-		}
-		if l.ready != nil || l.cur != cur {
-			// Accepted just as the listener was handed off: the
-			// connection belongs to the old socket and must go too.
-			l.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		tc := &conn{Conn: c, l: l}
-		l.conns[tc] = struct{}{}
-		l.mu.Unlock()
-		return tc, nil
-	}
+func (l *Listener) track(c net.Conn) net.Conn {
+	tc := &conn{Conn: c, l: l}
+	l.mu.Lock()
+	l.conns[tc] = struct{}{}
+	l.mu.Unlock()
+	return tc
 }
 
 // handoff closes the listener and every tracked connection (keep last)
@@ -129,27 +100,27 @@ func (l *Listener) handoff(keep net.Conn) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("agenthandoff: socketpair: %w", err)
 	}
-	l.mu.Lock()
-	if l.closed || l.ready != nil {
-		l.mu.Unlock()
+	err = l.Suspend(func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for c := range l.conns {
+			if net.Conn(c) == keep {
+				continue // closed by the handler once the answer is out
+			}
+			_ = c.Conn.Close()
+			delete(l.conns, c)
+		}
+		return nil
+	})
+	if err != nil {
 		_ = unix.Close(fds[0])
 		_ = unix.Close(fds[1])
-		if l.closed {
-			return 0, net.ErrClosed
+		if errors.Is(err, swaplisten.ErrSuspended) {
+			return 0, errors.New("agenthandoff: listener already handed off")
 		}
-		return 0, errors.New("agenthandoff: listener already handed off")
+		return 0, err
 	}
 	fds[0] = fixedFD(fds[0])
-	l.ready = make(chan struct{})
-	_ = l.cur.Close()
-	for c := range l.conns {
-		if net.Conn(c) == keep {
-			continue // closed by the handler once the answer is out
-		}
-		_ = c.Conn.Close()
-		delete(l.conns, c)
-	}
-	l.mu.Unlock()
 	go l.receive(fds[1], fds[0])
 	return fds[0], nil
 }
@@ -201,34 +172,10 @@ func (l *Listener) receive(end, other int) {
 			fmt.Fprintf(os.Stderr, "agent: handoff: %v\n", err)
 			continue
 		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			_ = nl.Close()
-			return
-		}
-		l.cur = nl
-		close(l.ready)
-		l.ready = nil
-		l.mu.Unlock()
+		l.Resume(nl) // closes nl if the listener was closed meanwhile
 		return
 	}
 }
-
-// Close implements net.Listener.
-func (l *Listener) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return nil
-	}
-	l.closed = true
-	close(l.done)
-	return l.cur.Close()
-}
-
-// Addr implements net.Listener.
-func (l *Listener) Addr() net.Addr { return l.cur.Addr() }
 
 // Handler serves Path and passes everything else to h.
 func (l *Listener) Handler(h http.Handler) http.Handler {
