@@ -31,3 +31,6 @@ func WithProcDir(o Options, dir string) Options {
 	o.procDirOverride = dir
 	return o
 }
+
+// ReserveThreads is reserveThreads.
+func ReserveThreads(n int) { reserveThreads(n) }

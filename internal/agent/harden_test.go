@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent"
+	"github.com/space-sandbox/space/internal/threadstatus"
 	"golang.org/x/sys/unix"
 )
 
@@ -129,4 +130,24 @@ func statusHex(t *testing.T, status, key string) uint64 {
 	}
 	t.Fatalf("no %s in status", key)
 	return 0
+}
+
+// TestReserveThreads: the runtime holds at least n OS threads afterwards,
+// kept idle (the agent's reserve, and in gVisor what its signal fence
+// must cover).
+func TestReserveThreads(t *testing.T) {
+	const n = 24
+	before, err := threadstatus.TIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.ReserveThreads(n)
+	after, err := threadstatus.TIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) < n+1 {
+		t.Fatalf("%d threads after reserving %d (%d before), want at least %d", len(after), n, len(before), n+1)
+	}
+	t.Logf("threads: %d before, %d after", len(before), len(after))
 }

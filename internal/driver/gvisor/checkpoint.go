@@ -127,8 +127,8 @@ type idMap struct {
 // image, of the same size, runsc validates the spec but only warns
 // (--restore-spec-validation=warning; a global flag, hence before the
 // subcommand); every other image is restored with validation enforced.
-func (d *Driver) restoreArgs(imageDir, bundle, id string, uidBase uint32) []string {
-	args := []string{"restore", "-detach", "-image-path", imageDir, "-bundle", bundle, id}
+func (d *Driver) restoreArgs(imageDir, bundle, id string, uidBase uint32, pidFile string) []string {
+	args := []string{"restore", "-detach", "-pid-file", pidFile, "-image-path", imageDir, "-bundle", bundle, id}
 	raw, err := os.ReadFile(filepath.Join(imageDir, idMapFile))
 	if err != nil {
 		return args

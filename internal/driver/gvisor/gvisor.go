@@ -515,20 +515,26 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 			d.opts.Logf("gvisor: %s: %v", id, err)
 		}
 	})
-	args := []string{"run", "-detach", "-bundle", dir, id}
+	// runsc writes the sandbox's pid (what `runsc state` reports) to
+	// pidFile: one runsc process fewer per create (30-50 ms here).
+	pidFile := filepath.Join(dir, pidFileName)
+	args := []string{"run", "-detach", "-pid-file", pidFile, "-bundle", dir, id}
 	if imageDir != "" {
-		args = d.restoreArgs(imageDir, dir, id, uidBase)
+		args = d.restoreArgs(imageDir, dir, id, uidBase, pidFile)
 	}
 	if err := d.start(ctx, id, dir, network, args...); err != nil {
 		return nil, err
 	}
 	timing.Namespaces = time.Since(tStart)
-	cs, err := d.r.state(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
+	if st.PID, err = readPID(pidFile); err != nil {
+		d.opts.Logf("gvisor: %s: %v; asking runsc", id, err)
+		cs, err := d.r.state(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+		st.PID = cs.PID
 	}
-	st.PID = cs.PID
-	if st.StartTime, err = procStartTime(cs.PID); err != nil {
+	if st.StartTime, err = procStartTime(st.PID); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	if err := writeState(dir, st); err != nil {
@@ -570,6 +576,22 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 	d.opts.Logf("gvisor: created %s in %v (overlay %v, runsc run %v, ready %v)",
 		id, timing.Total, timing.Overlay, timing.Namespaces, timing.AgentReady)
 	return inst, nil
+}
+
+// pidFileName is the file in the sandbox's dir runsc writes its pid to.
+const pidFileName = "runsc.pid"
+
+// readPID reads a pid file runsc wrote.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("runsc pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("runsc pid file %s: bad pid %q", path, b)
+	}
+	return pid, nil
 }
 
 // consolePath is the container's stdout and stderr, which runsc run

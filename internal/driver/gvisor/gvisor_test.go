@@ -90,6 +90,11 @@ func TestAttachLost(t *testing.T) {
 	requireRunsc(t)
 	d := newDriver(t, testOptions(t, shortDir(t)))
 	inst := create(t, d, "lost", driver.Limits{})
+	// The pid from runsc's pid file is the one runsc reports (what Kill
+	// and the liveness check below rely on).
+	if cs, err := d.r.state(testCtx(t), "lost"); err != nil || cs.PID != inst.PID() {
+		t.Fatalf("runsc state: pid %d, %v; the driver took %d from the pid file", cs.PID, err, inst.PID())
+	}
 	// The sandbox dies behind the node's back.
 	if err := killPid(inst.PID()); err != nil {
 		t.Fatal(err)

@@ -18,8 +18,10 @@ func TestRestoreArgsIDMap(t *testing.T) {
 	d := &Driver{opts: Options{UIDBase: 200000, UIDCount: 65536, Logf: t.Logf}}
 	const relax = "--restore-spec-validation=warning"
 	img := t.TempDir()
-	if args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000); slices.Contains(args, relax) || args[0] != "restore" {
+	if args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000, "/b/runsc.pid"); slices.Contains(args, relax) || args[0] != "restore" {
 		t.Fatalf("an image without a recorded map: %v", args)
+	} else if i := slices.Index(args, "-pid-file"); i < 0 || i+1 >= len(args) || args[i+1] != "/b/runsc.pid" || args[len(args)-1] != "sbx-0000000000000001" {
+		t.Fatalf("want -pid-file /b/runsc.pid before the id, last: %v", args)
 	}
 	for _, tc := range []struct {
 		m     idMap
@@ -32,7 +34,7 @@ func TestRestoreArgsIDMap(t *testing.T) {
 		if err := writeJSON(filepath.Join(img, idMapFile), tc.m); err != nil {
 			t.Fatal(err)
 		}
-		args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000)
+		args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000, "/b/runsc.pid")
 		if got := slices.Contains(args, relax); got != tc.relax || !tc.relax && args[0] != "restore" || tc.relax && args[1] != "restore" {
 			t.Errorf("captured under %+v: %v", tc.m, args)
 		}
@@ -40,7 +42,7 @@ func TestRestoreArgsIDMap(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(img, idMapFile), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000); slices.Contains(args, relax) {
+	if args := d.restoreArgs(img, "/b", "sbx-0000000000000001", 200000, "/b/runsc.pid"); slices.Contains(args, relax) {
 		t.Fatalf("a garbled map: %v", args)
 	}
 }
