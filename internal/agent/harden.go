@@ -147,7 +147,7 @@ func verifyHardened(drops []uintptr) error {
 	for _, c := range drops {
 		mask |= 1 << c
 	}
-	return threadstatus.Each(func(tid string, st map[string]string) error {
+	return threadstatus.Each([]string{"CapBnd", "CapInh", "CapAmb"}, func(tid string, st map[string]string) error {
 		for _, key := range []string{"CapBnd", "CapInh", "CapAmb"} {
 			v, err := threadstatus.Hex(st, key)
 			if err != nil {

@@ -56,7 +56,7 @@ func install(filter []unix.SockFilter) error {
 // no_new_privs is set and a seccomp filter is installed: Install is not
 // taken on trust.
 func Verify() error {
-	return threadstatus.Each(func(tid string, st map[string]string) error {
+	return threadstatus.Each([]string{"NoNewPrivs", "Seccomp"}, func(tid string, st map[string]string) error {
 		if st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" {
 			return fmt.Errorf("seccomp: thread %s runs with NoNewPrivs %q, Seccomp %q after install, want 1 and 2 (filter)",
 				tid, st["NoNewPrivs"], st["Seccomp"])
