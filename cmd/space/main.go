@@ -54,7 +54,9 @@ func main() {
 	for _, c := range commands() {
 		if c.name == os.Args[1] {
 			stop := cpuProfile(os.Getenv("SPACE_CPU_PROFILE"))
+			stopAllocs := allocProfile(os.Getenv("SPACE_ALLOC_PROFILE"))
 			err := c.run(os.Args[2:])
+			stopAllocs()
 			stop()
 			if err != nil {
 				os.Exit(reportError(err))
@@ -79,6 +81,27 @@ func main() {
 	fmt.Fprintf(os.Stderr, "space: unknown command %q\n", os.Args[1])
 	usage(os.Stderr)
 	os.Exit(exitUsage)
+}
+
+// allocProfile writes the allocations the whole command made (every
+// 512 KiB allocated, sampled, as `go tool pprof -sample_index
+// alloc_space` reads them) to path when the returned function runs
+// (SPACE_ALLOC_PROFILE).
+func allocProfile(path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	return func() {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "space: SPACE_ALLOC_PROFILE: %v\n", err)
+			return
+		}
+		defer f.Close()
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			fmt.Fprintf(os.Stderr, "space: SPACE_ALLOC_PROFILE: %v\n", err)
+		}
+	}
 }
 
 // cpuProfile writes a CPU profile of the whole command to path until the

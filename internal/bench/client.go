@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/httpx"
@@ -26,6 +27,25 @@ type Client struct {
 	base string // control API, e.g. http://127.0.0.1:7070
 	key  string
 	hc   *http.Client
+	// readers are the 256 KiB stream readers of finished commands: the
+	// benchmark's client runs in the server's process, and a new one per
+	// command would be the largest allocation of an exec and make the
+	// server collect garbage on the client's behalf.
+	readers sync.Pool
+}
+
+// streamReader is a pooled 256 KiB reader of r; putReader returns it.
+func (c *Client) streamReader(r io.Reader) *bufio.Reader {
+	if br, ok := c.readers.Get().(*bufio.Reader); ok {
+		br.Reset(r)
+		return br
+	}
+	return bufio.NewReaderSize(r, 256<<10)
+}
+
+func (c *Client) putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	c.readers.Put(br)
 }
 
 // NewClient returns a client of the control API at base (http://host:port).
@@ -292,7 +312,9 @@ func (c *Client) Follow(ctx context.Context, sb Sandbox, cid string, onStdout fu
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return ExecResult{}, fmt.Errorf("command events: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
 	}
-	res, err := readCommandEvents(resp.Body, onStdout)
+	br := c.streamReader(resp.Body)
+	res, err := readCommandEvents(br, onStdout)
+	c.putReader(br)
 	if err != nil {
 		return res, err
 	}
@@ -320,7 +342,8 @@ func (c *Client) FollowFrames(ctx context.Context, sb Sandbox, cid string) (Exec
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return ExecResult{}, fmt.Errorf("command frames: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
 	}
-	br := bufio.NewReaderSize(resp.Body, 256<<10)
+	br := c.streamReader(resp.Body)
+	defer c.putReader(br)
 	var (
 		res ExecResult
 		hdr [13]byte
@@ -364,8 +387,8 @@ func (c *Client) FollowFrames(ctx context.Context, sb Sandbox, cid string) (Exec
 }
 
 // readCommandEvents parses a command's SSE stream until its exit event.
-func readCommandEvents(r io.Reader, onStdout func([]byte)) (ExecResult, error) {
-	br := bufio.NewReaderSize(r, 256<<10)
+// br's size bounds the lines it reads without copying.
+func readCommandEvents(br *bufio.Reader, onStdout func([]byte)) (ExecResult, error) {
 	var (
 		res     ExecResult
 		event   string

@@ -47,7 +47,7 @@ func TestReadCommandEvents(t *testing.T) {
 		"id: 4\nevent: exit\ndata: {\"exit_code\":3}\n\n" +
 		"id: 5\nevent: stdout\ndata: " + enc([]byte("after exit")) + "\n\n"
 	var out strings.Builder
-	r, err := readCommandEvents(strings.NewReader(stream), func(p []byte) { out.Write(p) })
+	r, err := readCommandEvents(bufio.NewReaderSize(strings.NewReader(stream), 256<<10), func(p []byte) { out.Write(p) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestReadCommandEvents(t *testing.T) {
 		"bad exit":   "event: exit\ndata: {\n\n",
 		"signal":     "event: exit\ndata: {\"exit_code\":-1,\"signal\":\"SIGKILL\"}\n\n",
 	} {
-		if _, err := readCommandEvents(strings.NewReader(s), nil); err == nil {
+		if _, err := readCommandEvents(bufio.NewReaderSize(strings.NewReader(s), 256<<10), nil); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}

@@ -10,9 +10,21 @@ import (
 
 // SSE writes a server-sent-event stream.
 type SSE struct {
-	w  *bufio.Writer
-	rc *http.ResponseController
+	w   *bufio.Writer
+	dst http.ResponseWriter
+	big bool // w is the bulk-size buffer
+	rc  *http.ResponseController
 }
+
+// Buffer sizes: most streams carry a few small events (a command's exit,
+// an operation's states), for which a small buffer will do; the first
+// large event moves the stream to a buffer that coalesces bulk output.
+// A 64 KiB buffer for every stream was the largest allocation of an exec.
+const (
+	smallBuffer = 4 << 10
+	bulkBuffer  = 64 << 10
+	bulkEvent   = 1 << 10 // an event this large moves the stream to bulkBuffer
+)
 
 // StartSSE sends the stream headers. The write deadline is lifted because
 // streams outlive the server's WriteTimeout.
@@ -24,7 +36,7 @@ func StartSSE(w http.ResponseWriter) *SSE {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	w.WriteHeader(http.StatusOK)
-	s := &SSE{w: bufio.NewWriterSize(w, 64<<10), rc: rc}
+	s := &SSE{w: bufio.NewWriterSize(w, smallBuffer), dst: w, rc: rc}
 	s.Flush()
 	return s
 }
@@ -32,6 +44,14 @@ func StartSSE(w http.ResponseWriter) *SSE {
 // Event writes one event. data must not contain newlines (callers send JSON
 // or base64). It buffers; call Flush to push.
 func (s *SSE) Event(id, event string, data []byte) error {
+	if !s.big && len(data) >= bulkEvent {
+		// What the small buffer holds goes first, in order, into the
+		// response (buffered there, not flushed to the client).
+		if err := s.w.Flush(); err != nil {
+			return err
+		}
+		s.w, s.big = bufio.NewWriterSize(s.dst, bulkBuffer), true
+	}
 	if id != "" {
 		s.w.WriteString("id: ")
 		s.w.WriteString(id)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/space-sandbox/space/internal/agent"
@@ -39,6 +40,9 @@ type Client struct {
 	dial Dialer
 	// user is who file calls act as; "" = the agent's default user.
 	user string
+	// readers are event streams' buffers, reused (newEventReader);
+	// shared with the clients As makes.
+	readers *sync.Pool
 }
 
 // New returns a client that dials the agent with dial and keeps idle
@@ -58,7 +62,7 @@ func New(dial Dialer) *Client {
 		WriteBufferSize: 64 << 10,
 		ReadBufferSize:  64 << 10,
 	}
-	return &Client{tr: tr, hc: &http.Client{Transport: tr}, dial: dial}
+	return &Client{tr: tr, hc: &http.Client{Transport: tr}, dial: dial, readers: &sync.Pool{}}
 }
 
 // As returns a client for the same agent (and connections) whose file

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/space-sandbox/space/internal/agent"
 )
@@ -28,8 +29,9 @@ type EventReader struct {
 	err  error
 	hdr  [agent.FrameHeaderSize]byte
 
-	shared bool   // the current read may reuse buf
-	buf    []byte // payload buffer reused by NextShared
+	shared bool       // the current read may reuse buf
+	buf    []byte     // payload buffer reused by NextShared
+	pool   *sync.Pool // where br goes once the exit event is read
 }
 
 // Events follows a process's events after seq after (0: from the start).
@@ -48,11 +50,26 @@ func (c *Client) Events(ctx context.Context, id string, after uint64) (*EventRea
 		resp.Body.Close()
 		return nil, fmt.Errorf("%w: content type %q", ErrBadFrame, sanitize(ct, 64))
 	}
-	return newEventReader(resp.Body, after), nil
+	r := newEventReader(resp.Body, after, c.readers)
+	return r, nil
 }
 
-func newEventReader(body io.ReadCloser, after uint64) *EventReader {
-	return &EventReader{body: body, br: bufio.NewReaderSize(body, 64<<10), last: after}
+// newEventReader reads body through a 64 KiB buffer (bulk output comes
+// in large reads) from pool, if not nil: a command's stream is usually a
+// few small frames, and a new buffer per command was the largest
+// allocation of an exec on the node.
+func newEventReader(body io.ReadCloser, after uint64, pool *sync.Pool) *EventReader {
+	r := &EventReader{body: body, last: after, pool: pool}
+	if pool != nil {
+		if br, ok := pool.Get().(*bufio.Reader); ok {
+			br.Reset(body)
+			r.br = br
+		}
+	}
+	if r.br == nil {
+		r.br = bufio.NewReaderSize(body, 64<<10)
+	}
+	return r
 }
 
 // Next returns the next event. After the exit event it returns io.EOF. The
@@ -130,6 +147,15 @@ func (r *EventReader) next() (agent.Event, error) {
 		// to that end hands the connection back to the pool; it blocks no
 		// longer than any Next does (the request's ctx bounds it).
 		r.br.Peek(1)
+		// Nothing reads br after the exit event (next returns io.EOF
+		// first), so it can serve the next command's stream. Only here,
+		// in the reading goroutine: a Close from another one may race a
+		// read.
+		if r.pool != nil {
+			r.br.Reset(nil)
+			r.pool.Put(r.br)
+			r.br = nil
+		}
 	}
 	return agent.Event{Seq: seq, Type: typ, Data: data}, nil
 }
