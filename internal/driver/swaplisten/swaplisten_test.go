@@ -44,6 +44,20 @@ func dial(t *testing.T, path string) net.Conn {
 	return c
 }
 
+// acceptClosed waits for the Accept loop of accepts to end with
+// net.ErrClosed.
+func acceptClosed(t *testing.T, errs <-chan error) {
+	t.Helper()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept still waits after Close")
+	}
+}
+
 // TestSuspendResume: Accept serves, waits without failing while the
 // socket is away, serves on the replacement, and fails once closed.
 func TestSuspendResume(t *testing.T) {
@@ -102,14 +116,7 @@ func TestSuspendResume(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-errs:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Errorf("Accept after Close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Accept still waits after Close")
-	}
+	acceptClosed(t, errs)
 }
 
 // TestCloseWhileSuspended: a suspended listener's Accept ends at Close,
@@ -125,14 +132,7 @@ func TestCloseWhileSuspended(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-errs:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Errorf("Accept: %v, want net.ErrClosed", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Accept still waits after Close")
-	}
+	acceptClosed(t, errs)
 	b := filepath.Join(dir, "b")
 	if l.Resume(listen(t, b)) {
 		t.Fatal("Resume after Close accepted")
