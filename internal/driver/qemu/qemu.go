@@ -768,13 +768,36 @@ func procStat(pid int) (start uint64, zombie bool, err error) {
 }
 
 // dialSession connects to the agent socket and runs the vmux handshake.
+// A guest under TCG on a loaded host can take longer than one bound to
+// answer (the handshake after a restore failed at 2 s in CI), and a failed
+// attempt leaves nothing behind in the guest (its listener sees the
+// disconnect and waits for the next handshake), so it tries again with the
+// bound doubled, up to handshakeAttempts, within ctx.
 func dialSession(ctx context.Context, sock string) (*vmux.Session, error) {
+	timeout := handshakeTimeout
+	var err error
+	for n := 0; n < handshakeAttempts; n++ {
+		var s *vmux.Session
+		if s, err = dialOnce(ctx, sock, timeout); err == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil || !isTimeout(err) {
+			break
+		}
+		timeout *= 2
+	}
+	return nil, err
+}
+
+// handshakeAttempts bounds dialSession's tries: 2+4+8 s in all.
+const handshakeAttempts = 3
+
+func dialOnce(ctx context.Context, sock string, timeout time.Duration) (*vmux.Session, error) {
 	var nd net.Dialer
 	c, err := nd.DialContext(ctx, "unix", sock)
 	if err != nil {
 		return nil, err
 	}
-	timeout := handshakeTimeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = time.Until(dl)
 	}
@@ -784,6 +807,12 @@ func dialSession(ctx context.Context, sock string) (*vmux.Session, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// isTimeout reports whether err is a deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // health runs GET /health over inst.

@@ -1,0 +1,91 @@
+package qemu
+
+import (
+	"context"
+	"io"
+	"net"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
+)
+
+// TestDialSessionRetriesSlowHandshake: a guest that does not answer the
+// first handshake within its bound (CI: "vmux: handshake: ... i/o timeout"
+// after a restore under TCG) is tried again with a longer bound instead
+// of failing the caller's request.
+func TestDialSessionRetriesSlowHandshake(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := conns.Add(1)
+			go func() {
+				defer c.Close()
+				buf := make([]byte, len(vmux.Magic))
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				if n == 1 {
+					// The first attempt gets no answer: it must time out.
+					_, _ = io.Copy(io.Discard, c)
+					return
+				}
+				_, _ = c.Write(vmux.Magic)
+				_, _ = io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	start := time.Now()
+	s, err := dialSession(context.Background(), sock)
+	if err != nil {
+		t.Fatalf("dialSession: %v (after %d connections)", err, conns.Load())
+	}
+	defer s.Close()
+	if got := conns.Load(); got != 2 {
+		t.Errorf("%d connections, want 2 (one timed out, one answered)", got)
+	}
+	if d := time.Since(start); d < handshakeTimeout {
+		t.Errorf("answered after %v, before the first bound (%v) ran out", d, handshakeTimeout)
+	}
+}
+
+// TestDialSessionGivesUp: a guest that never answers fails after the
+// attempts, within the caller's deadline when it is shorter.
+func TestDialSessionGivesUp(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := dialSession(ctx, sock); err == nil || !isTimeout(err) {
+		t.Fatalf("dialSession to a silent guest: %v, want a timeout", err)
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("gave up after %v, past the caller's 3 s deadline", d)
+	}
+}
