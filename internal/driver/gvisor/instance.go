@@ -29,6 +29,9 @@ type Instance struct {
 	done   <-chan struct{}
 
 	guardKills atomic.Uint64 // commands killed by the memory guard (memguard.go)
+	// guardKilling is set while the guard's kill request is under way:
+	// the commands' exits reach the node before the agent answers it.
+	guardKilling atomic.Bool
 
 	mu        sync.Mutex
 	destroyed bool
@@ -97,10 +100,16 @@ func (i *Instance) SetLimits(ctx context.Context, l driver.Limits) error {
 
 // OOMKills implements driver.Instance: host OOM kills in the sandbox's
 // cgroup (each one kills the sandbox) plus the memory guard's kills of the
-// commands (memguard.go).
+// commands (memguard.go), counting a kill under way as done: the node
+// reads this when a command's exit arrives, which for the commands the
+// guard kills is before the agent has answered the guard.
 func (i *Instance) OOMKills() (uint64, error) {
 	n, err := i.group.OOMKills()
-	return n + i.guardKills.Load(), err
+	n += i.guardKills.Load()
+	if i.guardKilling.Load() {
+		n++
+	}
+	return n, err
 }
 
 // Timing implements driver.Instance.

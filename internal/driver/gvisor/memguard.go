@@ -65,11 +65,16 @@ func (i *Instance) guardMemory(done <-chan struct{}) {
 		if err != nil || st.MemLimitBytes <= 0 || st.MemUsedBytes+guardReserve(st.MemLimitBytes) < st.MemLimitBytes {
 			continue
 		}
-		switch n, err := i.killCommands(); {
+		i.guardKilling.Store(true)
+		n, err := i.killCommands()
+		if err == nil && n > 0 {
+			i.guardKills.Add(1)
+		}
+		i.guardKilling.Store(false)
+		switch {
 		case err != nil:
 			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes, killing the commands failed: %v", i.id, st.MemUsedBytes, st.MemLimitBytes, err)
 		case n > 0:
-			i.guardKills.Add(1)
 			i.d.opts.Logf("gvisor: %s: memory guard: host memory %d of %d bytes: killed the sandbox's commands (%d tasks)", i.id, st.MemUsedBytes, st.MemLimitBytes, n)
 		default:
 			// The memory is not the commands' (root left their cgroup, or

@@ -42,9 +42,9 @@ import (
 // stub processes per sandbox task plus 400-660 Sentry threads. Measured
 // (TestIsolationGvisor/fork-bomb-defaults, 2 CPUs): the host count hit
 // 2*1024+512 and 3*1024+512, killing the Sentry, and levelled off at
-// 3602-4038 with room; a later CI run reached 4*1024+512 (a refused fork,
-// the sampled count at 4572), so pidsMultiplier is 5: every observed peak
-// with 1000+ spare. pidsHeadroom covers the fixed part for hosts with many
+// 3602-4038 with room; later runs reached 4*1024+512 (a refused fork in
+// CI) and peaked at 3546-4756 in nine runs, so pidsMultiplier is 5: every
+// observed peak with 800+ spare. pidsHeadroom covers the fixed part for hosts with many
 // CPUs (more Sentry and stub threads).
 // A deliberately odd workload can still exceed it: that kills its own
 // sandbox only.
