@@ -189,11 +189,25 @@ func BenchmarkExecTrue(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The two halves of a round trip, reported apart: the POST (server,
+	// node, agent, fork) and following the stream to the exit event.
+	var startT, followT time.Duration
 	for b.Loop() {
-		if _, err := exec1(ctx, e, sb, trueArgv); err != nil {
+		t0 := time.Now()
+		cid, err := e.Client.StartCommand(ctx, sb, trueArgv)
+		if err != nil {
 			b.Fatal(err)
 		}
+		t1 := time.Now()
+		r, err := e.Client.Follow(ctx, sb, cid, nil)
+		if err != nil || r.ExitCode != 0 {
+			b.Fatalf("follow: %+v %v", r, err)
+		}
+		startT += t1.Sub(t0)
+		followT += time.Since(t1)
 	}
+	b.ReportMetric(float64(startT.Microseconds())/float64(b.N), "start-µs/op")
+	b.ReportMetric(float64(followT.Microseconds())/float64(b.N), "follow-µs/op")
 }
 
 func BenchmarkStdout(b *testing.B) {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -252,10 +253,33 @@ func rmdirTree(dir string) error {
 			}
 		}
 	}
-	if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
-		errs = append(errs, fmt.Errorf("cgroup scope: remove %s: %w", dir, err))
+	if err := rmdirWhenEmpty(dir); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// busyWait bounds how long rmdirWhenEmpty waits for a group's last tasks:
+// processes the run started (the fork helper, a sandbox's last process)
+// leave their cgroup only when they are reaped, which can come just after
+// the run's close returns (CI: EBUSY on every hierarchy of the scope).
+const busyWait = 5 * time.Second
+
+// rmdirWhenEmpty removes a cgroup dir, waiting up to busyWait while it
+// still holds tasks; the error then names them.
+func rmdirWhenEmpty(dir string) error {
+	deadline := time.Now().Add(busyWait)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			return fmt.Errorf("cgroup scope: remove %s (tasks: %q): %w", dir, strings.Fields(string(procs)), err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // memoryDir returns the scope's directory in the v1 memory hierarchy, or ""
