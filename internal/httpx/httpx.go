@@ -84,12 +84,36 @@ func StatusOf(err error) (int, string, string) {
 }
 
 // WriteError writes the JSON error envelope {"error":{"code","message"}}.
+// An internal error's cause is not sent (the client may be hostile and it
+// can name host paths), so it is handed to the access log instead, when
+// the writer or one it wraps takes it (logx.Access's recorder).
 func WriteError(w http.ResponseWriter, err error) {
 	status, code, msg := StatusOf(err)
 	if status == 499 {
 		return // the client is gone
 	}
+	if status == http.StatusInternalServerError && err != nil {
+		noteError(w, err)
+	}
 	WriteJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}
+
+// ErrorNoter is a response writer that records the cause of an internal
+// error for the request's log line.
+type ErrorNoter interface{ NoteError(error) }
+
+func noteError(w http.ResponseWriter, err error) {
+	for w != nil {
+		if n, ok := w.(ErrorNoter); ok {
+			n.NoteError(err)
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
 }
 
 // WriteJSON writes v as JSON with status.

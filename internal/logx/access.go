@@ -71,7 +71,8 @@ type AccessOptions struct {
 // audit.RequestIDFrom), set on the request, the response and its context,
 // and one record when it ends: plane, method, pattern, path, status, bytes
 // (response body), duration_ms, request_id, remote, and project, key_id
-// and sandbox where known. 5xx answers are logged at warn.
+// and sandbox where known, and the cause of an internal error (error).
+// 5xx answers are logged at warn.
 func Access(next http.Handler, o AccessOptions) http.Handler {
 	if o.Logger == nil {
 		return next
@@ -161,6 +162,13 @@ func Access(next http.Handler, o AccessOptions) http.Handler {
 			if p.Sandbox != "" {
 				attrs = append(attrs, slog.String("sandbox", p.Sandbox))
 			}
+			if rec.err != nil {
+				msg := rec.err.Error()
+				if len(msg) > maxErrorLen {
+					msg = msg[:maxErrorLen]
+				}
+				attrs = append(attrs, slog.String("error", msg))
+			}
 			o.Logger.LogAttrs(lctx, level, "http request", attrs...)
 		}()
 		next.ServeHTTP(rec, r)
@@ -173,7 +181,15 @@ type recorder struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	err    error // an internal error's cause (httpx.WriteError)
 }
+
+// maxErrorLen bounds the error attribute of a log line.
+const maxErrorLen = 1024
+
+// NoteError implements httpx.ErrorNoter: the cause of a 500 goes in the
+// request's log line, not to the client.
+func (w *recorder) NoteError(err error) { w.err = err }
 
 func (w *recorder) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
