@@ -32,7 +32,8 @@ var (
 // its listener (package agentlisten); a paused sandbox runs for that
 // moment. An agent without that route makes Checkpoint fail with
 // driver.ErrUnsupported. Agent connections open at the checkpoint break
-// (the node's readers reconnect); the agent listens again once resumed.
+// (the node's readers reconnect); the agent listens again once resumed,
+// and new dials wait for that (Instance.Dial).
 func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err)
@@ -47,6 +48,9 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 			return err
 		}
 	}
+	// Dials wait from here until the sandbox runs again (Resume), rather
+	// than meet a released listener (Instance.Dial).
+	i.closeGate()
 	if err := i.releaseListener(ctx); err != nil {
 		return errors.Join(fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err), i.Pause(context.WithoutCancel(ctx)))
 	}
@@ -64,11 +68,12 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	return writeJSON(filepath.Join(imageDir, idMapFile), idMap{UIDBase: i.uidBase(), UIDCount: i.d.opts.UIDCount})
 }
 
-// releaseListener asks the agent to close its listening socket.
+// releaseListener asks the agent to close its listening socket. It
+// dials past the gate its checkpoint has closed.
 func (i *Instance) releaseListener(ctx context.Context) error {
-	c, err := i.Dial(ctx)
+	c, err := dialSocket(ctx, i.sock)
 	if err != nil {
-		return err
+		return fmt.Errorf("dial agent: %w", err)
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {

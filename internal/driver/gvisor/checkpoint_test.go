@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/driver"
 	"github.com/space-sandbox/space/internal/driver/drivertest"
+	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 )
 
 func counter(t *testing.T, inst driver.Instance) int {
@@ -169,4 +171,57 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// TestDialDuringCheckpoint: a command started while a checkpoint has the
+// agent's listener released (a periodic checkpoint beside a command; CI:
+// "dial unix …: connect: connection refused") waits for the sandbox to
+// run again and then runs, instead of failing.
+func TestDialDuringCheckpoint(t *testing.T) {
+	requireRunsc(t)
+	base := shortDir(t)
+	d := newDriver(t, testOptions(t, base))
+	inst := create(t, d, "dc", driver.Limits{MemoryBytes: 256 << 20})
+	defer inst.Destroy(testCtx(t))
+	resumed := make(chan time.Time, 1)
+	ckErr := make(chan error, 1)
+	go func() {
+		err := inst.Checkpoint(testCtx(t), filepath.Join(base, "image"))
+		// Hold it paused a while, as a snapshot's layer copy does.
+		time.Sleep(300 * time.Millisecond)
+		resumed <- time.Now()
+		ckErr <- errors.Join(err, inst.Resume(testCtx(t)))
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		// The agent has released its listener.
+		if _, err := os.Stat(inst.sock + agentlisten.MarkerSuffix); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the checkpoint never released the agent's listener")
+		}
+	}
+	out, x, err := drivertest.Sh(testCtx(t), inst, "echo during")
+	done := time.Now()
+	if err != nil || x.Code != 0 || out != "during\n" {
+		t.Fatalf("command during the checkpoint: %q %+v %v", out, x, err)
+	}
+	if err := <-ckErr; err != nil {
+		t.Fatal(err)
+	}
+	if r := <-resumed; done.Before(r) {
+		t.Errorf("the command answered at %v, before the resume at %v", done, r)
+	}
+	// Right after a resume the agent may not listen yet (it polls for
+	// its marker): a call the node held while the sandbox was paused
+	// comes at that moment, and must wait for it too.
+	if err := inst.Checkpoint(testCtx(t), filepath.Join(base, "image2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Resume(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if out, x, err := drivertest.Sh(testCtx(t), inst, "echo after"); err != nil || x.Code != 0 || out != "after\n" {
+		t.Fatalf("command right after the resume: %q %+v %v", out, x, err)
+	}
 }
