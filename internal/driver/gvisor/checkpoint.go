@@ -50,7 +50,7 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) error {
 	}
 	// Dials wait from here until the sandbox runs again (Resume), rather
 	// than meet a released listener (Instance.Dial).
-	i.closeGate()
+	i.gate.Close()
 	if err := i.releaseListener(ctx); err != nil {
 		return errors.Join(fmt.Errorf("gvisor: checkpoint %s: %w", i.id, err), i.Pause(context.WithoutCancel(ctx)))
 	}

@@ -10,12 +10,12 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/dialgate"
 	"github.com/space-sandbox/space/internal/driver/gvisor/agentlisten"
 )
 
@@ -38,12 +38,9 @@ type Instance struct {
 	mu        sync.Mutex
 	destroyed bool
 
-	// The listener gate (checkpoint.go): closed from a checkpoint's
-	// release of the agent's listener until the sandbox runs again.
-	gateMu   sync.Mutex
-	gate     chan struct{} // nil while open
-	gateGen  uint64        // bumped at every close
-	reopened time.Time     // when the gate last opened after a close
+	// gate is closed from a checkpoint's release of the agent's
+	// listener until the sandbox runs again (checkpoint.go).
+	gate dialgate.Gate
 }
 
 var (
@@ -78,83 +75,22 @@ func (i *Instance) Cgroup() *cgroups.Group { return i.group }
 
 // Dial implements driver.Instance.
 //
-// A checkpoint takes the agent's listener away for its duration (and the
-// sandbox stays paused after it), so a command started meanwhile would be
-// refused (CI: "connect: connection refused" from a periodic checkpoint
-// beside a command). Dial waits for the gate instead, and for
-// relistenWait after it opens gives the agent time to listen again (it
-// polls every agentlisten.PollInterval once resumed).
+// While a checkpoint has the agent's listener released (and until the
+// sandbox runs again) it waits, then gives the agent relistenWait to
+// listen again (it polls every agentlisten.PollInterval once resumed):
+// see package dialgate.
 func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
-	for {
-		g, gen, reopened := i.gateState()
-		if g != nil {
-			select {
-			case <-g:
-			case <-ctx.Done():
-				return nil, fmt.Errorf("gvisor: dial agent of %s: waiting for a checkpoint to end: %w", i.id, ctx.Err())
-			}
-			continue
-		}
-		c, err := dialSocket(ctx, i.sock)
-		if err == nil {
-			return c, nil
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, fs.ErrNotExist) {
-			_, now, _ := i.gateState()
-			// A checkpoint began during the dial, or ended moments ago
-			// and the agent has not listened again yet (a call the node
-			// held while the sandbox was paused comes here at once).
-			if now != gen || (!reopened.IsZero() && time.Since(reopened) < relistenWait) {
-				if sleepCtx(ctx, agentlisten.PollInterval) == nil {
-					continue
-				}
-			}
-		}
+	c, err := i.gate.Dial(ctx, func(ctx context.Context) (net.Conn, error) { return dialSocket(ctx, i.sock) },
+		agentlisten.PollInterval, relistenWait)
+	if err != nil {
 		return nil, fmt.Errorf("gvisor: dial agent of %s: %w", i.id, err)
 	}
+	return c, nil
 }
 
 // relistenWait bounds how long Dial waits for the agent to listen again
 // after a checkpoint.
 const relistenWait = 2 * time.Second
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (i *Instance) gateState() (chan struct{}, uint64, time.Time) {
-	i.gateMu.Lock()
-	defer i.gateMu.Unlock()
-	return i.gate, i.gateGen, i.reopened
-}
-
-// closeGate makes Dial wait: the agent's listener is being released.
-func (i *Instance) closeGate() {
-	i.gateMu.Lock()
-	defer i.gateMu.Unlock()
-	if i.gate == nil {
-		i.gate = make(chan struct{})
-	}
-	i.gateGen++
-}
-
-// openGate lets Dial through: the sandbox runs again (or is gone).
-func (i *Instance) openGate() {
-	i.gateMu.Lock()
-	defer i.gateMu.Unlock()
-	if i.gate != nil {
-		close(i.gate)
-		i.gate = nil
-		i.reopened = time.Now()
-	}
-}
 
 // SetLimits implements driver.Instance. Zero fields take the driver's
 // defaults. The sentry sized its memory at start; a lower limit later is
@@ -232,13 +168,13 @@ func (i *Instance) Resume(ctx context.Context) error {
 		return fmt.Errorf("gvisor: resume %s: %w", i.id, err)
 	}
 	if cs.Status != "paused" {
-		i.openGate()
+		i.gate.Open()
 		return nil
 	}
 	if _, err := i.d.r.run(ctx, "resume", i.id); err != nil {
 		return fmt.Errorf("gvisor: resume %s: %w", i.id, err)
 	}
-	i.openGate()
+	i.gate.Open()
 	return nil
 }
 
@@ -253,7 +189,7 @@ func (i *Instance) Destroy(ctx context.Context) error {
 		return err
 	}
 	i.destroyed = true
-	i.openGate() // waiting dials fail now rather than at their deadline
+	i.gate.Open() // waiting dials fail now rather than at their deadline
 	return nil
 }
 

@@ -168,6 +168,9 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) (err error) 
 	if err := i.Resume(ctx); err != nil {
 		return err
 	}
+	// Dials wait from here until a listener is handed back in
+	// (Instance.Dial).
+	i.gate.Close()
 	fd, err := i.handoff(ctx)
 	if err != nil {
 		err = fmt.Errorf("namespace: checkpoint %s: %w", i.id, err)
@@ -176,9 +179,11 @@ func (i *Instance) Checkpoint(ctx context.Context, imageDir string) (err error) 
 		if herr := i.handInAfterFailedHandoff(fd); herr != nil {
 			err = errors.Join(err, fmt.Errorf("namespace: %s: give the agent its listener back: %w", i.id, herr))
 		}
+		i.gate.Open()
 		return errors.Join(err, i.Pause(context.WithoutCancel(ctx)))
 	}
 	defer func() {
+		defer i.gate.Open()
 		if herr := i.handIn(fd); herr != nil {
 			err = errors.Join(err, fmt.Errorf("namespace: %s: give the agent its listener back: %w", i.id, herr))
 		} else if serr := i.d.setHandoff(i.id, 0); serr != nil {
@@ -315,9 +320,9 @@ const handoffTimeout = 10 * time.Second
 // once the agent closed this last connection, i.e. holds no socket of the
 // host's any more.
 func (i *Instance) handoff(ctx context.Context) (int, error) {
-	c, err := i.Dial(ctx)
+	c, err := i.dialSocket(ctx) // past the gate its checkpoint closed
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("dial agent: %w", err)
 	}
 	defer c.Close()
 	if err := ctx.Err(); err != nil {

@@ -9,11 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/criu"
 	"github.com/space-sandbox/space/internal/diskquota"
 	"github.com/space-sandbox/space/internal/driver"
+	"github.com/space-sandbox/space/internal/driver/dialgate"
 )
 
 // Instance is one namespace sandbox.
@@ -35,6 +37,9 @@ type Instance struct {
 	// ckMu makes checkpoints of the instance one at a time: a second
 	// one would find the agent's listener handed off.
 	ckMu sync.Mutex
+	// gate is closed while a checkpoint has the agent's listener handed
+	// off, until the driver hands a new one in (checkpoint.go).
+	gate dialgate.Gate
 }
 
 var _ driver.Instance = (*Instance)(nil)
@@ -57,13 +62,29 @@ func (i *Instance) Done() <-chan struct{} { return i.proc.done }
 func (i *Instance) Cgroup() *cgroups.Group { return i.groups[0] }
 
 // Dial implements driver.Instance.
+//
+// While a checkpoint has the agent's listener handed off it waits for the
+// new one (package dialgate): a command beside a periodic checkpoint
+// would be refused otherwise.
 func (i *Instance) Dial(ctx context.Context) (net.Conn, error) {
-	var dd net.Dialer
-	c, err := dd.DialContext(ctx, "unix", i.sock)
+	c, err := i.gate.Dial(ctx, i.dialSocket, relistenPoll, relistenWait)
 	if err != nil {
 		return nil, fmt.Errorf("namespace: dial agent of %s: %w", i.id, err)
 	}
 	return c, nil
+}
+
+// The handed-in listener takes connections at once; the retry only covers
+// a dial that raced the handoff itself.
+const (
+	relistenPoll = 5 * time.Millisecond
+	relistenWait = 500 * time.Millisecond
+)
+
+// dialSocket dials the agent's socket, past the gate.
+func (i *Instance) dialSocket(ctx context.Context) (net.Conn, error) {
+	var dd net.Dialer
+	return dd.DialContext(ctx, "unix", i.sock)
 }
 
 // SetLimits implements driver.Instance. Zero fields take the driver's
@@ -100,6 +121,7 @@ func (i *Instance) Destroy(ctx context.Context) error {
 		i.pages.Stop()
 	}
 	i.destroyed = true
+	i.gate.Open() // waiting dials fail now rather than at their deadline
 	return nil
 }
 
