@@ -50,6 +50,14 @@ func TestMain(m *testing.M) {
 		}()
 		code := m.Run()
 		if code != 0 && theEnv != nil {
+			// The suites run many sandboxes: a failure's cause is often
+			// far above the tail, so every warning and error comes first.
+			fmt.Printf("---- server log (warnings and errors) ----\n")
+			for _, line := range strings.Split(theEnv.LogTail(64<<20), "\n") {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") || strings.Contains(line, "failed") {
+					fmt.Println(line)
+				}
+			}
 			fmt.Printf("---- server log (tail) ----\n%s\n", theEnv.LogTail(20000))
 		}
 		return code

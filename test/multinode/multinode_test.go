@@ -757,15 +757,18 @@ func sweep(t *testing.T, dsn string, nodes []*proc) {
 		st.UpdateSandbox(ctx, sb.ID, func(cur *core.Sandbox) error { cur.State = core.SandboxDeleted; return nil })
 	}
 	for _, p := range nodes {
-		left, _ := os.ReadDir(filepath.Join(p.dataDir, "sandboxes"))
+		// Both drivers' instance dirs: a gVisor fleet's sandboxes leaked
+		// (runsc kept running after the test) when only the namespace
+		// driver's were looked at.
+		left := append(driverDirs(p.dataDir, "sandboxes"), driverDirs(p.dataDir, "gvisor")...)
 		if p.cmd == nil || len(left) == 0 {
 			continue
 		}
-		for _, e := range left {
-			sb, err := st.GetSandbox(ctx, "", e.Name())
+		for _, id := range left {
+			sb, err := st.GetSandbox(ctx, "", id)
 			if !failed {
 				// The test cleaned up through the API: anything left leaked.
-				t.Errorf("sandbox %s leaked on %s (its record: %s %q %v)", e.Name(), p.name, sb.State, sb.StateReason, err)
+				t.Errorf("sandbox %s leaked on %s (its record: %s %q %v)", id, p.name, sb.State, sb.StateReason, err)
 			}
 		}
 		t.Logf("sweep: restarting %s to remove %d leftover sandboxes", p.name, len(left))
