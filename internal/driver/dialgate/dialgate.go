@@ -49,12 +49,6 @@ func (g *Gate) Open() {
 	}
 }
 
-// Closed reports whether the gate is closed.
-func (g *Gate) Closed() bool {
-	ch, _, _ := g.state()
-	return ch != nil
-}
-
 func (g *Gate) state() (chan struct{}, uint64, time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -12,18 +12,18 @@ import (
 	"github.com/space-sandbox/space/internal/driver/qemu/vmux"
 )
 
-// TestDialSessionRetriesSlowHandshake: a guest that does not answer the
-// first handshake within its bound (CI: "vmux: handshake: ... i/o timeout"
-// after a restore under TCG) is tried again with a longer bound instead
-// of failing the caller's request.
-func TestDialSessionRetriesSlowHandshake(t *testing.T) {
+// fakeGuest serves vmux handshakes on a unix socket: the nth connection
+// (from 1) gets the answer when answer(n) says so, else silence. It
+// returns the socket path and the count of connections.
+func fakeGuest(t *testing.T, answer func(n int32) bool) (string, *atomic.Int32) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	var conns atomic.Int32
+	t.Cleanup(func() { ln.Close() })
+	conns := new(atomic.Int32)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -37,16 +37,22 @@ func TestDialSessionRetriesSlowHandshake(t *testing.T) {
 				if _, err := io.ReadFull(c, buf); err != nil {
 					return
 				}
-				if n == 1 {
-					// The first attempt gets no answer: it must time out.
-					_, _ = io.Copy(io.Discard, c)
-					return
+				if answer(n) {
+					_, _ = c.Write(vmux.Magic)
 				}
-				_, _ = c.Write(vmux.Magic)
 				_, _ = io.Copy(io.Discard, c)
 			}()
 		}
 	}()
+	return sock, conns
+}
+
+// TestDialSessionRetriesSlowHandshake: a guest that does not answer the
+// first handshake within its bound (CI: "vmux: handshake: ... i/o timeout"
+// after a restore under TCG) is tried again with a longer bound instead
+// of failing the caller's request.
+func TestDialSessionRetriesSlowHandshake(t *testing.T) {
+	sock, conns := fakeGuest(t, func(n int32) bool { return n > 1 })
 	start := time.Now()
 	s, err := dialSession(context.Background(), sock)
 	if err != nil {
@@ -64,21 +70,7 @@ func TestDialSessionRetriesSlowHandshake(t *testing.T) {
 // TestDialSessionGivesUp: a guest that never answers fails after the
 // attempts, within the caller's deadline when it is shorter.
 func TestDialSessionGivesUp(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
+	sock, _ := fakeGuest(t, func(int32) bool { return false })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	start := time.Now()
