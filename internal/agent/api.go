@@ -65,6 +65,10 @@ const (
 	EventStdout byte = 1
 	EventStderr byte = 2
 	EventExit   byte = 3 // payload: JSON Exit; always the last event
+	// EventStarted is the first frame of a combined start and follow
+	// (POST /v1/processes with Accept: EventsContentType): seq 0, payload
+	// the JSON ProcessInfo. It never appears on GET .../events.
+	EventStarted byte = 5
 )
 
 // Event is one entry of a process's output stream. Seq starts at 1 and grows

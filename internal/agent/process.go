@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,12 +73,26 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	info, err := s.start(spec)
+	follow := strings.Contains(r.Header.Get("Accept"), EventsContentType)
+	info, p, lr, err := s.start(spec, follow)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, info)
+	if !follow {
+		writeJSON(w, http.StatusCreated, info)
+		return
+	}
+	// Start and follow in one request: the host's reader of the command's
+	// events needs no second round trip. The stream is the one GET
+	// .../events sends, after a started frame with the process's info.
+	defer p.log.detach(lr)
+	raw, err := json.Marshal(info)
+	if err != nil {
+		writeErr(w, err) // cannot happen: ProcessInfo always encodes
+		return
+	}
+	s.streamEvents(w, r, p, lr, http.StatusCreated, raw)
 }
 
 // resolveUser finds the account to run as and the credential to set. An
@@ -102,7 +117,11 @@ func (s *Server) resolveUser(name string) (account, *syscall.Credential, error) 
 
 // start launches spec. Everything that can fail for a reason the caller
 // controls is checked before anything is allocated.
-func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
+//
+// With follow, the process's event log has a reader attached at seq 0 before
+// the fork, so no event can be dropped before the caller streams them; the
+// caller detaches it.
+func (s *Server) start(spec ProcessSpec, follow bool) (_ ProcessInfo, _ *process, _ *logReader, err error) {
 	cfg := s.config()
 	userName := spec.User
 	if userName == "" {
@@ -110,7 +129,7 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	}
 	acct, cred, err := s.resolveUser(userName)
 	if err != nil {
-		return ProcessInfo{}, err
+		return ProcessInfo{}, nil, nil, err
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
@@ -118,7 +137,7 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	}
 	if cwd != "" {
 		if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-			return ProcessInfo{}, newAPIError(http.StatusBadRequest, CodeInvalidCwd, "cwd %q is not a directory", truncate(cwd, 256))
+			return ProcessInfo{}, nil, nil, newAPIError(http.StatusBadRequest, CodeInvalidCwd, "cwd %q is not a directory", truncate(cwd, 256))
 		}
 	} else if fi, err := os.Stat(acct.Home); err == nil && fi.IsDir() {
 		cwd = acct.Home
@@ -132,17 +151,17 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	env := buildEnv(acct, spec.PTY != nil, cfg.Env, spec.Env)
 	prog, err := lookPath(argv[0], envValue(env, "PATH"), cwd)
 	if err != nil {
-		return ProcessInfo{}, err
+		return ProcessInfo{}, nil, nil, err
 	}
 
 	s.mu.Lock()
 	switch {
 	case s.closing:
 		s.mu.Unlock()
-		return ProcessInfo{}, newAPIError(http.StatusServiceUnavailable, CodeUnavailable, "agent is shutting down")
+		return ProcessInfo{}, nil, nil, newAPIError(http.StatusServiceUnavailable, CodeUnavailable, "agent is shutting down")
 	case s.live >= s.opts.MaxProcesses:
 		s.mu.Unlock()
-		return ProcessInfo{}, newAPIError(http.StatusTooManyRequests, CodeTooManyProcesses, "%d processes are running", s.live)
+		return ProcessInfo{}, nil, nil, newAPIError(http.StatusTooManyRequests, CodeTooManyProcesses, "%d processes are running", s.live)
 	}
 	s.live++
 	id := strconv.FormatUint(s.nextID, 10)
@@ -163,9 +182,18 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 
 	p := &process{s: s, id: id, argv: argv, tag: spec.Tag, pty: spec.PTY != nil}
 	p.log = newEventLog(s.opts.RetainBytes, s.opts.ReaderGrace, s.shutdown)
+	var lr *logReader
+	if follow {
+		lr, _ = p.log.attach(0) // a new log has dropped nothing
+		defer func() {
+			if err != nil {
+				p.log.detach(lr)
+			}
+		}()
+	}
 	childFiles, err := p.openFiles(spec)
 	if err != nil {
-		return ProcessInfo{}, fmt.Errorf("agent: start: %w", err)
+		return ProcessInfo{}, nil, nil, fmt.Errorf("agent: start: %w", err)
 	}
 	attr := &syscall.ProcAttr{
 		Dir: cwd,
@@ -193,7 +221,7 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 	}
 	if err != nil {
 		p.closeOurFiles()
-		return ProcessInfo{}, execError(argv[0], err)
+		return ProcessInfo{}, nil, nil, execError(argv[0], err)
 	}
 	started = true
 	p.pid = pid
@@ -233,7 +261,7 @@ func (s *Server) start(spec ProcessSpec) (ProcessInfo, error) {
 		defer s.wg.Done()
 		p.wait(status, outputsDone, time.Duration(spec.TimeoutMs)*time.Millisecond)
 	}()
-	return p.info(), nil
+	return p.info(), p, lr, nil
 }
 
 // openFiles creates the command's stdio. It returns the child's ends; the
@@ -639,9 +667,16 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, p *process
 		return
 	}
 	defer p.log.detach(lr)
+	s.streamEvents(w, r, p, lr, http.StatusOK, nil)
+}
+
+// streamEvents answers with status and p's events after lr's position as
+// frames, following live ones to the exit event. A started payload, if
+// any, goes first as an EventStarted frame (seq 0).
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, p *process, lr *logReader, status int, started []byte) {
 	w.Header().Set("Content-Type", EventsContentType)
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
 	bw, _ := s.writers.Get().(*bufio.Writer)
 	if bw == nil {
@@ -653,7 +688,14 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, p *process
 		bw.Reset(nil)
 		s.writers.Put(bw)
 	}()
-	err = p.log.stream(r.Context(), lr, bw, func() error {
+	if started != nil {
+		var hdr [FrameHeaderSize]byte
+		hdr[8] = EventStarted
+		binary.BigEndian.PutUint32(hdr[9:13], uint32(len(started)))
+		bw.Write(hdr[:])
+		bw.Write(started) // a failed write shows at the next flush
+	}
+	err := p.log.stream(r.Context(), lr, bw, func() error {
 		if err := bw.Flush(); err != nil {
 			return err
 		}

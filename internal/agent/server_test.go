@@ -910,3 +910,50 @@ func truncateStr(s string, n int) string {
 }
 
 var _ = errors.New
+
+// TestStartEvents: a start that follows its own events holds a reader from
+// before the fork, so a slow follower sees every event from seq 1 (output
+// waits for it rather than being dropped), and the started frame says
+// what Start would.
+func TestStartEvents(t *testing.T) {
+	a := startAgent(t, agent.Options{RetainBytes: 64 << 10, ReaderGrace: time.Millisecond})
+	ctx := testCtx(t)
+	info, er, err := a.StartEvents(ctx, ctx, agent.ProcessSpec{Argv: []string{"head", "-c", "1048576", "/dev/zero"}, Tag: "t1"})
+	if err != nil || er == nil {
+		t.Fatalf("StartEvents: %v (reader %v)", err, er)
+	}
+	defer er.Close()
+	if info.ID == "" || info.PID <= 0 || info.Tag != "t1" || len(info.Argv) != 4 {
+		t.Fatalf("info %+v", info)
+	}
+	time.Sleep(300 * time.Millisecond) // far past the reader grace
+	var n int
+	var first uint64
+	for {
+		ev, err := er.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == 0 {
+			first = ev.Seq
+		}
+		if ev.Type == agent.EventStdout {
+			n += len(ev.Data)
+		}
+		if ev.Type == agent.EventExit {
+			if ex, err := client.ExitStatus(ev); err != nil || ex.Code != 0 {
+				t.Errorf("exit %+v %v", ex, err)
+			}
+		}
+	}
+	if first != 1 || n != 1<<20 {
+		t.Errorf("first seq %d, %d bytes of stdout; want 1 and %d", first, n, 1<<20)
+	}
+	// Refused starts answer as Start does.
+	if _, _, err := a.StartEvents(ctx, ctx, agent.ProcessSpec{Argv: []string{"true"}, Cwd: "/nonexistent"}); !client.IsBadRequest(err) {
+		t.Errorf("bad cwd: %v", err)
+	}
+}

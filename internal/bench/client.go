@@ -245,15 +245,49 @@ type ExecResult struct {
 	Stderr   []byte
 }
 
-// Exec runs argv in the sandbox over the data plane: POST the command, then
-// follow its SSE stream to the exit event, decoding base64 output. onStdout,
-// if set, sees each decoded chunk (valid only during the call).
+// Exec runs argv in the sandbox over the data plane: one POST that asks
+// for the command's events as SSE on its own response (a "start" event,
+// then output to the exit event), decoding base64 output. onStdout, if
+// set, sees each decoded chunk (valid only during the call). A server that
+// answers the POST with JSON only (older ones) is followed with a GET.
 func (c *Client) Exec(ctx context.Context, sb Sandbox, argv []string, onStdout func([]byte)) (ExecResult, error) {
-	cid, err := c.StartCommand(ctx, sb, argv)
+	body, err := json.Marshal(map[string]any{"argv": argv})
 	if err != nil {
-		return ExecResult{}, err
+		return ExecResult{}, fmt.Errorf("encode command: %w", err)
 	}
-	return c.Follow(ctx, sb, cid, onStdout)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, commandsURL(sb), bytes.NewReader(body))
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+sb.Token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("start command: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return ExecResult{}, fmt.Errorf("start command: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		var cmd struct {
+			ID string `json:"id"`
+		}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&cmd); err != nil || cmd.ID == "" {
+			return ExecResult{}, fmt.Errorf("start command: answer without an id (%v)", err)
+		}
+		return c.Follow(ctx, sb, cmd.ID, onStdout)
+	}
+	br := c.streamReader(resp.Body)
+	res, err := readCommandEvents(br, onStdout)
+	c.putReader(br)
+	if err != nil {
+		return res, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return res, nil
 }
 
 func commandsURL(sb Sandbox) string {

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/space-sandbox/space/internal/audit"
 	"io"
 	"net/http"
@@ -307,6 +308,22 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request, sb *node.S
 	if err != nil {
 		return err
 	}
+	w.Header().Set("Location", r.URL.Path+"/"+c.Info.ID)
+	// A client that asks for a stream gets the command's events on this
+	// response, after a "start" event with what the JSON answer holds:
+	// one round trip fewer than POST and then GET .../events.
+	accept := r.Header.Get("Accept")
+	frames := strings.Contains(accept, agent.EventsContentType)
+	if frames || strings.Contains(accept, "text/event-stream") {
+		rd, err := c.Log.NewReader(0) // from the start: cannot be gone
+		if err != nil {
+			return fmt.Errorf("command %s: %w", c.Info.ID, err)
+		}
+		if frames {
+			return streamFrames(w, r, c, rd, http.StatusCreated)
+		}
+		return streamSSE(w, r, c, rd, http.StatusCreated)
+	}
 	httpx.WriteJSON(w, http.StatusCreated, view(c))
 	return nil
 }
@@ -355,9 +372,27 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 		return httpx.Errorf(http.StatusGone, "events_gone", "%v", err)
 	}
 	if strings.Contains(r.Header.Get("Accept"), agent.EventsContentType) {
-		return streamFrames(w, r, rd)
+		return streamFrames(w, r, c, rd, http.StatusOK)
 	}
-	sse := httpx.StartSSE(w)
+	return streamSSE(w, r, c, rd, http.StatusOK)
+}
+
+// startEvent is the type of the first event of a stream that a POST of a
+// command answers: its payload is the command's JSON view. Binary frames
+// carry it with seq 0 and type 5.
+const startEvent = "start"
+
+// streamSSE answers with status and c's events from rd as SSE. With
+// status 201 (the command was just started) a "start" event with the
+// command's view comes first.
+func streamSSE(w http.ResponseWriter, r *http.Request, c *node.Command, rd *execlog.Reader, status int) error {
+	sse := httpx.StartSSEStatus(w, status)
+	if status == http.StatusCreated {
+		raw, _ := json.Marshal(view(c))
+		if sse.Event("", startEvent, raw) != nil || sse.Flush() != nil {
+			return nil
+		}
+	}
 	ctx := r.Context()
 	keepAlive := time.NewTicker(15 * time.Second)
 	defer keepAlive.Stop()
@@ -411,15 +446,16 @@ func (s *Server) commandEvents(w http.ResponseWriter, r *http.Request, sb *node.
 // streamFrames is the binary alternative to SSE for bulk consumers: the
 // same events, each as a 13-byte header (seq u64, type u8, length u32, big
 // endian) and the raw bytes, so output needs no base64 on either side
-// (types: 1 stdout, 2 stderr, 3 exit and 4 dropped, both with JSON). A
+// (types: 1 stdout, 2 stderr, 3 exit and 4 dropped, both with JSON; on a
+// POST of the command, 5 start with its JSON view and seq 0 first). A
 // client asks for it with Accept: application/x-space-events and resumes
 // with Last-Event-ID like an SSE client.
-func streamFrames(w http.ResponseWriter, r *http.Request, rd *execlog.Reader) error {
+func streamFrames(w http.ResponseWriter, r *http.Request, c *node.Command, rd *execlog.Reader, status int) error {
 	w.Header().Set("Content-Type", agent.EventsContentType)
 	w.Header().Set("Cache-Control", "no-store")
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	bw := bufio.NewWriterSize(w, 256<<10)
 	flush := func() error {
 		if err := bw.Flush(); err != nil {
@@ -427,11 +463,18 @@ func streamFrames(w http.ResponseWriter, r *http.Request, rd *execlog.Reader) er
 		}
 		return rc.Flush()
 	}
+	var hdr [agent.FrameHeaderSize]byte
+	if status == http.StatusCreated {
+		raw, _ := json.Marshal(view(c))
+		hdr[8] = agent.EventStarted
+		binary.BigEndian.PutUint32(hdr[9:13], uint32(len(raw)))
+		bw.Write(hdr[:])
+		bw.Write(raw)
+	}
 	if err := flush(); err != nil {
 		return nil
 	}
 	ctx := r.Context()
-	var hdr [agent.FrameHeaderSize]byte
 	for {
 		if ch := rd.Wait(); ch != nil {
 			if err := flush(); err != nil {

@@ -28,14 +28,18 @@ const (
 
 // StartSSE sends the stream headers. The write deadline is lifted because
 // streams outlive the server's WriteTimeout.
-func StartSSE(w http.ResponseWriter) *SSE {
+func StartSSE(w http.ResponseWriter) *SSE { return StartSSEStatus(w, http.StatusOK) }
+
+// StartSSEStatus is StartSSE answering status (e.g. 201 for a stream that
+// follows what the request created).
+func StartSSEStatus(w http.ResponseWriter, status int) *SSE {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	s := &SSE{w: bufio.NewWriterSize(w, smallBuffer), dst: w, rc: rc}
 	s.Flush()
 	return s

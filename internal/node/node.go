@@ -415,7 +415,7 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 		return fmt.Errorf("agent does not answer: %w", err)
 	}
 	for _, p := range procs {
-		if err := h.follow(p); err != nil {
+		if err := h.follow(p, nil); err != nil {
 			n.o.Logf("sandbox %s: follow command %s: %v", sb.ID, p.ID, err)
 		}
 	}
@@ -735,11 +735,16 @@ func (s *Sandbox) Exec(ctx context.Context, spec agent.ProcessSpec) (_ *Command,
 			return nil, fmt.Errorf("sandbox has %d recorded commands: %w", n, core.ErrExhausted)
 		}
 	}
-	info, err := s.Agent.Start(ctx, spec)
+	// The command's events come on the start's own request: the pump
+	// needs no second round trip to the agent.
+	info, er, err := s.Agent.StartEvents(ctx, s.node.ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.follow(info); err != nil {
+	if err := s.follow(info, er); err != nil {
+		if er != nil {
+			er.Close()
+		}
 		s.Agent.Signal(context.WithoutCancel(ctx), info.ID, "SIGKILL")
 		return nil, err
 	}
@@ -767,7 +772,9 @@ func (s *Sandbox) pruneFinished() {
 	}
 }
 
-func (s *Sandbox) follow(info agent.ProcessInfo) error {
+// follow records a started command and pumps its events from er (nil: the
+// pump opens the stream itself).
+func (s *Sandbox) follow(info agent.ProcessInfo, er *client.EventReader) error {
 	if !validCmdID(info.ID) {
 		return fmt.Errorf("agent returned a bad command id %.32q", info.ID)
 	}
@@ -788,7 +795,7 @@ func (s *Sandbox) follow(info agent.ProcessInfo) error {
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
-		s.pump(c, startOOM)
+		s.pump(c, startOOM, er)
 	}()
 	return nil
 }
@@ -801,13 +808,16 @@ func validCmdID(id string) bool {
 // pump copies the agent's event stream into the command's log. It is the
 // one reader the agent always has for a command, so its output never stalls
 // and never depends on a client being connected.
-func (s *Sandbox) pump(c *Command, startOOM uint64) {
+func (s *Sandbox) pump(c *Command, startOOM uint64, er *client.EventReader) {
 	// A command's end is activity for auto-pause.
 	defer func() { s.lastActive.Store(time.Now().UnixNano()) }()
 	ctx := s.node.ctx
 	var after uint64
 	for attempt := 0; attempt < 5; attempt++ {
-		er, err := s.Agent.Events(ctx, c.Info.ID, after)
+		var err error
+		if er == nil {
+			er, err = s.Agent.Events(ctx, c.Info.ID, after)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -824,6 +834,7 @@ func (s *Sandbox) pump(c *Command, startOOM uint64) {
 			ev, err := er.NextShared() // the log copies what it keeps
 			if err != nil {
 				er.Close()
+				er = nil
 				break
 			}
 			after = ev.Seq

@@ -334,7 +334,7 @@ func (n *Node) followRestored(ctx context.Context, h *Sandbox) {
 		return
 	}
 	for _, p := range procs {
-		if err := h.follow(p); err != nil {
+		if err := h.follow(p, nil); err != nil {
 			n.o.Logf("sandbox %s: follow restored command %s: %v", h.ID, p.ID, err)
 		}
 	}

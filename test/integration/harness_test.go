@@ -281,7 +281,13 @@ func (sb *sandbox) stream(t testing.TB, cid string, after string, stopAfter int,
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("stream: %d %s", resp.StatusCode, b)
 	}
-	br := bufio.NewReaderSize(resp.Body, 1<<20)
+	return readSSE(t, resp.Body, stopAfter, fn)
+}
+
+// readSSE reads a command's SSE events from body (see stream).
+func readSSE(t testing.TB, body io.Reader, stopAfter int, fn func(event)) (last string, ex *exitInfo) {
+	t.Helper()
+	br := bufio.NewReaderSize(body, 1<<20)
 	var cur event
 	got := 0
 	for {

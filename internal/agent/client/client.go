@@ -133,6 +133,11 @@ func HasCode(err error, code string) bool {
 // do sends a request and returns the response if its status is one of ok;
 // otherwise it returns the agent's error.
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string, ok ...int) (*http.Response, error) {
+	return c.send(ctx, method, path, q, body, contentType, "", ok...)
+}
+
+// send is do with an Accept header (if not "").
+func (c *Client) send(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType, accept string, ok ...int) (*http.Response, error) {
 	u := "http://agent" + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -143,6 +148,9 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -231,3 +231,99 @@ func TestRequests(t *testing.T) {
 		t.Errorf("stdin chunks %d, %d", len(a.body), len(b.body))
 	}
 }
+
+func TestStartEvents(t *testing.T) {
+	info := []byte(`{"id":"4","pid":9,"argv":["true"],"pty":false,"running":true}`)
+	var accept string
+	c := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		accept = r.Header.Get("Accept")
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/processes" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", agent.EventsContentType)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(frame(0, agent.EventStarted, info))
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond) // the start's ctx ends meanwhile
+		w.Write(frame(1, agent.EventStdout, []byte("hi")))
+		w.Write(frame(2, agent.EventExit, []byte(`{"exit_code":0}`)))
+	})
+	// The start's ctx ends once the process runs: the stream lives on in
+	// the stream's ctx.
+	ctx, cancel := context.WithCancel(ctxT(t))
+	got, er, err := c.StartEvents(ctx, ctxT(t), agent.ProcessSpec{Argv: []string{"true"}})
+	cancel()
+	if err != nil || er == nil {
+		t.Fatalf("StartEvents: %v, reader %v", err, er)
+	}
+	defer er.Close()
+	if accept != agent.EventsContentType || got.ID != "4" || got.PID != 9 {
+		t.Fatalf("info %+v, Accept %q", got, accept)
+	}
+	evs, err := readAll(er)
+	if err != nil || len(evs) != 2 || string(evs[0].Data) != "hi" || evs[1].Type != agent.EventExit {
+		t.Fatalf("events %v, %v", evs, err)
+	}
+}
+
+// An agent from before the combined call answers JSON: the caller gets
+// the info and no reader, and follows with Events.
+func TestStartEventsOldAgent(t *testing.T) {
+	c := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id":"2","pid":5,"argv":["true"],"running":true}`))
+	})
+	got, er, err := c.StartEvents(ctxT(t), ctxT(t), agent.ProcessSpec{Argv: []string{"true"}})
+	if err != nil || er != nil || got.ID != "2" {
+		t.Fatalf("info %+v, reader %v, %v", got, er, err)
+	}
+}
+
+func TestStartEventsMalformed(t *testing.T) {
+	info := []byte(`{"id":"1"}`)
+	cases := map[string]struct {
+		h    http.HandlerFunc
+		want error
+	}{
+		"no started frame": {startedWith(frame(1, agent.EventStdout, nil)), ErrBadFrame},
+		"started seq 1":    {startedWith(frame(1, agent.EventStarted, info)), ErrBadFrame},
+		"not json":         {startedWith(frame(0, agent.EventStarted, []byte("{"))), ErrBadFrame},
+		"truncated":        {startedWith(frame(0, agent.EventStarted, info)[:15]), io.ErrUnexpectedEOF},
+		"started twice":    {startedWith(frame(0, agent.EventStarted, info), frame(0, agent.EventStarted, info)), ErrBadFrame},
+		"wrong type":       {func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated); w.Write([]byte("x")) }, ErrBadFrame},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := fakeAgent(t, tc.h)
+			_, er, err := c.StartEvents(ctxT(t), ctxT(t), agent.ProcessSpec{Argv: []string{"true"}})
+			if err == nil {
+				defer er.Close()
+				_, err = readAll(er)
+			}
+			if !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	// An error answer is the agent's error, as for Start.
+	c := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error":{"code":"invalid_cwd","message":"no"}}`))
+	})
+	if _, _, err := c.StartEvents(ctxT(t), ctxT(t), agent.ProcessSpec{Argv: []string{"true"}}); !IsBadRequest(err) {
+		t.Errorf("400: %v", err)
+	}
+}
+
+func startedWith(frames ...[]byte) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", agent.EventsContentType)
+		w.WriteHeader(http.StatusCreated)
+		for _, f := range frames {
+			w.Write(f)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -32,6 +33,7 @@ type EventReader struct {
 	shared bool       // the current read may reuse buf
 	buf    []byte     // payload buffer reused by NextShared
 	pool   *sync.Pool // where br goes once the exit event is read
+	cancel func()     // ends the request (StartEvents); nil for Events
 }
 
 // Events follows a process's events after seq after (0: from the start).
@@ -52,6 +54,88 @@ func (c *Client) Events(ctx context.Context, id string, after uint64) (*EventRea
 	}
 	r := newEventReader(resp.Body, after, c.readers)
 	return r, nil
+}
+
+// StartEvents starts a command and follows its events on the same request,
+// one round trip fewer than Start and then Events. ctx bounds the start
+// only; the stream lives until streamCtx ends or the reader is closed. An
+// agent that predates the combined call answers as Start does: then the
+// reader is nil and the caller follows with Events.
+func (c *Client) StartEvents(ctx, streamCtx context.Context, spec agent.ProcessSpec) (agent.ProcessInfo, *EventReader, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return agent.ProcessInfo{}, nil, fmt.Errorf("agent: encoding POST /v1/processes: %w", err)
+	}
+	rctx, cancel := context.WithCancel(streamCtx)
+	stop := context.AfterFunc(ctx, cancel)
+	resp, err := c.send(rctx, http.MethodPost, "/v1/processes", nil, bytes.NewReader(b), "application/json", agent.EventsContentType, http.StatusCreated)
+	if err != nil {
+		stop()
+		cancel()
+		return agent.ProcessInfo{}, nil, err
+	}
+	info, r, err := c.startedFrame(resp)
+	// ctx no longer applies once the start frame is read: the process runs.
+	if !stop() && err == nil {
+		err = fmt.Errorf("agent: POST /v1/processes: %w", context.Cause(ctx))
+	}
+	if err != nil {
+		resp.Body.Close()
+		cancel()
+		return info, nil, err
+	}
+	if r == nil {
+		resp.Body.Close()
+		cancel()
+		return info, nil, nil
+	}
+	r.cancel = cancel
+	return info, r, nil
+}
+
+// startedFrame reads a combined start's answer up to its started frame: a
+// reader for the rest, or a nil one with the info where the agent answered
+// JSON.
+func (c *Client) startedFrame(resp *http.Response) (agent.ProcessInfo, *EventReader, error) {
+	var info agent.ProcessInfo
+	ct := resp.Header.Get("Content-Type")
+	if strings.HasPrefix(ct, "application/json") {
+		data, err := io.ReadAll(io.LimitReader(resp.Body, maxJSONResponse+1))
+		if err != nil {
+			return info, nil, fmt.Errorf("agent: reading POST /v1/processes: %w", err)
+		}
+		if len(data) > maxJSONResponse {
+			return info, nil, fmt.Errorf("agent: POST /v1/processes: response larger than %d bytes", maxJSONResponse)
+		}
+		if err := json.Unmarshal(data, &info); err != nil {
+			return info, nil, fmt.Errorf("agent: decoding POST /v1/processes: %w", err)
+		}
+		return info, nil, nil
+	}
+	if !strings.HasPrefix(ct, agent.EventsContentType) {
+		return info, nil, fmt.Errorf("%w: content type %q", ErrBadFrame, sanitize(ct, 64))
+	}
+	r := newEventReader(resp.Body, 0, c.readers)
+	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+		r.release()
+		return info, nil, fmt.Errorf("agent: started frame: %w", err)
+	}
+	seq := binary.BigEndian.Uint64(r.hdr[0:8])
+	n := binary.BigEndian.Uint32(r.hdr[9:13])
+	if r.hdr[8] != agent.EventStarted || seq != 0 || n > maxJSONResponse {
+		r.release()
+		return info, nil, fmt.Errorf("%w: started frame: type %d, seq %d, %d bytes", ErrBadFrame, r.hdr[8], seq, n)
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(r.br, data); err != nil {
+		r.release()
+		return info, nil, fmt.Errorf("agent: started frame: %w", err)
+	}
+	if err := json.Unmarshal(data, &info); err != nil {
+		r.release()
+		return info, nil, fmt.Errorf("%w: started frame: %v", ErrBadFrame, err)
+	}
+	return info, r, nil
 }
 
 // newEventReader reads body through a 64 KiB buffer (bulk output comes
@@ -147,6 +231,9 @@ func (r *EventReader) next() (agent.Event, error) {
 		// to that end hands the connection back to the pool; it blocks no
 		// longer than any Next does (the request's ctx bounds it).
 		r.br.Peek(1)
+		if r.cancel != nil {
+			r.cancel() // the body is read to its end: the connection is back
+		}
 		// Nothing reads br after the exit event (next returns io.EOF
 		// first), so it can serve the next command's stream. Only here,
 		// in the reading goroutine: a Close from another one may race a
@@ -177,5 +264,19 @@ func (r *EventReader) Close() error {
 	if r.err == nil {
 		r.err = errors.New("agent: event reader closed")
 	}
-	return r.body.Close()
+	err := r.body.Close()
+	if r.cancel != nil {
+		r.cancel()
+	}
+	return err
+}
+
+// release hands an unused reader's buffer back to the pool (a reader that
+// failed before anything read from it).
+func (r *EventReader) release() {
+	if r.pool != nil && r.br != nil {
+		r.br.Reset(nil)
+		r.pool.Put(r.br)
+		r.br = nil
+	}
 }
