@@ -296,6 +296,10 @@ type fakeCommand struct {
 	events []string // "stdout:text", "stderr:text", "exit:{json}"
 	cut    int      // events per connection before the connection drops (0: never)
 	dup    bool     // on resume, repeat the last event the client already saw
+	// streamStart: a POST that asks for a stream gets one (a start event,
+	// then the events from the first, cut like a GET's).
+	streamStart bool
+	posts       int
 
 	mu       sync.Mutex
 	lastIDs  []string
@@ -322,6 +326,11 @@ func (f *fakeCommand) serve(w http.ResponseWriter, r *http.Request) {
 		start--
 	}
 	sseStart(w)
+	f.send(w, start)
+}
+
+// send writes the events from index start, cut after f.cut of them.
+func (f *fakeCommand) send(w http.ResponseWriter, start int) {
 	sent := 0
 	for i := start; i < len(f.events); i++ {
 		if f.cut > 0 && sent == f.cut {
@@ -349,6 +358,16 @@ func newCommandEnv(t *testing.T, f *fakeCommand, opts ...Option) (*env, *Sandbox
 		json.NewDecoder(r.Body).Decode(&spec)
 		if spec["shell"] != "echo hi" || spec["timeout_ms"] != float64(1500) {
 			writeErr(w, 400, "invalid_argument", fmt.Sprint(spec))
+			return
+		}
+		f.mu.Lock()
+		f.posts++
+		f.mu.Unlock()
+		if f.streamStart && strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(201)
+			sseEventOut(w, "", "start", `{"id":"1","pid":10,"running":true}`)
+			f.send(w, 0)
 			return
 		}
 		writeJSON(w, 201, map[string]any{"id": "1", "pid": 10, "running": true})
@@ -583,5 +602,32 @@ func TestFilesAndControl(t *testing.T) {
 	bad := NewSandboxConn(Session{Token: "x", DataURL: e.srv.URL})
 	if _, err := bad.Exec(ctx, ExecRequest{Shell: "true"}); err == nil {
 		t.Fatal("session without sandbox id accepted")
+	}
+}
+
+// ExecStream reads the events on the POST's own answer; a cut answer is
+// resumed with a GET after the last event, without loss or repeats.
+func TestExecStream(t *testing.T) {
+	for _, cut := range []int{0, 2} {
+		f := &fakeCommand{events: []string{"stdout:a", "stderr:b", "stdout:c", `exit:{"exit_code":3}`}, cut: cut, dup: true, streamStart: true}
+		_, sc := newCommandEnv(t, f)
+		var out []string
+		cmd, exit, err := sc.ExecStream(context.Background(), ExecRequest{Shell: "echo hi", Timeout: 1500 * time.Millisecond}, func(ev Event) error {
+			out = append(out, fmt.Sprintf("%d:%s:%s", ev.Seq, ev.Type, ev.Data))
+			return nil
+		})
+		if err != nil || cmd.ID != "1" || cmd.PID != 10 || exit.Code != 3 {
+			t.Fatalf("cut %d: cmd %+v exit %+v err %v", cut, cmd, exit, err)
+		}
+		if got := strings.Join(out, " "); got != "1:stdout:a 2:stderr:b 3:stdout:c" {
+			t.Fatalf("cut %d: output %q", cut, got)
+		}
+		wantGets := ""
+		if cut > 0 {
+			wantGets = "2,3" // the POST carried events 1 and 2, each GET one more
+		}
+		if f.posts != 1 || strings.Join(f.lastIDs, ",") != wantGets {
+			t.Fatalf("cut %d: %d POSTs, GETs after %q", cut, f.posts, f.lastIDs)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // maxStdinChunk is the data plane's limit on one stdin request.
@@ -124,92 +125,169 @@ func (c *SandboxConn) ListCommands(ctx context.Context) ([]Command, error) {
 // Last-Event-ID, a bounded number of times in a row, so no chunk is lost or
 // delivered twice. An error from fn ends the stream with that error.
 func (c *SandboxConn) Stream(ctx context.Context, cmdID string, afterSeq uint64, fn func(Event) error) (Exit, error) {
-	u, err := c.url("/commands/%s/events", cmdID)
+	return c.follow(ctx, &cmdStream{id: cmdID, last: afterSeq, fn: fn})
+}
+
+// follow reads st's command's events from after st.last to its exit.
+func (c *SandboxConn) follow(ctx context.Context, st *cmdStream) (Exit, error) {
+	u, err := c.url("/commands/%s/events", st.id)
 	if err != nil {
 		return Exit{}, err
-	}
-	last := afterSeq
-	var exit *Exit
-	var buf []byte
-	handle := func(ev sseEvent) (bool, error) {
-		seq, err := strconv.ParseUint(ev.ID, 10, 64)
-		if err != nil {
-			return false, fmt.Errorf("command %s: event without a sequence number (id %.32q)", cmdID, ev.ID)
-		}
-		if seq <= last {
-			return false, nil // already delivered before a reconnection
-		}
-		switch ev.Type {
-		case EventStdout, EventStderr:
-			n := base64.StdEncoding.DecodedLen(len(ev.Data))
-			if cap(buf) < n {
-				buf = make([]byte, n)
-			}
-			n, err := base64.StdEncoding.Decode(buf[:n], ev.Data)
-			if err != nil {
-				return false, fmt.Errorf("command %s: event %d: bad base64: %w", cmdID, seq, err)
-			}
-			last = seq
-			if fn != nil {
-				if err := fn(Event{Seq: seq, Type: ev.Type, Data: buf[:n]}); err != nil {
-					return false, err
-				}
-			}
-		case EventDropped:
-			last = seq
-			if fn != nil {
-				if err := fn(Event{Seq: seq, Type: ev.Type, Data: ev.Data}); err != nil {
-					return false, err
-				}
-			}
-		case EventExit:
-			var x Exit
-			if err := json.Unmarshal(ev.Data, &x); err != nil {
-				return false, fmt.Errorf("command %s: decode exit: %w", cmdID, err)
-			}
-			last, exit = seq, &x
-			return true, nil
-		default:
-			last = seq // an event type this client does not know
-		}
-		return false, nil
 	}
 	// The server ends a finished command's stream after its exit event; a
 	// stream that ends without one either was resumed past the exit or was
 	// cut, which the command's state tells apart.
 	atEOF := func(ctx context.Context) (bool, error) {
-		cmd, err := c.GetCommand(ctx, cmdID)
+		cmd, err := c.GetCommand(ctx, st.id)
 		if err != nil {
 			return false, err
 		}
-		if !cmd.Running && cmd.Exit != nil && cmd.LastEventID <= last {
-			exit = cmd.Exit
+		if !cmd.Running && cmd.Exit != nil && cmd.LastEventID <= st.last {
+			st.exit = cmd.Exit
 			return true, nil
 		}
 		return false, nil
 	}
 	lastID := ""
-	if afterSeq > 0 {
-		lastID = strconv.FormatUint(afterSeq, 10)
+	if st.last > 0 {
+		lastID = strconv.FormatUint(st.last, 10)
 	}
-	if err := c.r.follow(ctx, u, lastID, handle, atEOF); err != nil {
+	if err := c.r.follow(ctx, u, lastID, st.handle, atEOF); err != nil {
 		return Exit{}, err
 	}
-	if exit == nil {
-		return Exit{}, fmt.Errorf("command %s: stream ended without an exit", cmdID)
+	if st.exit == nil {
+		return Exit{}, fmt.Errorf("command %s: stream ended without an exit", st.id)
 	}
-	return *exit, nil
+	return *st.exit, nil
+}
+
+// cmdStream is what following one command's events keeps across
+// connections.
+type cmdStream struct {
+	id   string
+	last uint64 // seq of the last event handled
+	exit *Exit
+	buf  []byte
+	fn   func(Event) error
+}
+
+func (st *cmdStream) handle(ev sseEvent) (bool, error) {
+	seq, err := strconv.ParseUint(ev.ID, 10, 64)
+	if err != nil {
+		return false, fmt.Errorf("command %s: event without a sequence number (id %.32q)", st.id, ev.ID)
+	}
+	if seq <= st.last {
+		return false, nil // already delivered before a reconnection
+	}
+	switch ev.Type {
+	case EventStdout, EventStderr:
+		n := base64.StdEncoding.DecodedLen(len(ev.Data))
+		if cap(st.buf) < n {
+			st.buf = make([]byte, n)
+		}
+		n, err := base64.StdEncoding.Decode(st.buf[:n], ev.Data)
+		if err != nil {
+			return false, fmt.Errorf("command %s: event %d: bad base64: %w", st.id, seq, err)
+		}
+		st.last = seq
+		if st.fn != nil {
+			if err := st.fn(Event{Seq: seq, Type: ev.Type, Data: st.buf[:n]}); err != nil {
+				return false, err
+			}
+		}
+	case EventDropped:
+		st.last = seq
+		if st.fn != nil {
+			if err := st.fn(Event{Seq: seq, Type: ev.Type, Data: ev.Data}); err != nil {
+				return false, err
+			}
+		}
+	case EventExit:
+		var x Exit
+		if err := json.Unmarshal(ev.Data, &x); err != nil {
+			return false, fmt.Errorf("command %s: decode exit: %w", st.id, err)
+		}
+		st.last, st.exit = seq, &x
+		return true, nil
+	default:
+		st.last = seq // an event type this client does not know
+	}
+	return false, nil
+}
+
+// ExecStream starts a command and follows its output on the same request,
+// one round trip fewer than Exec and then Stream: fn sees the events as
+// Stream's does, and the command and its exit are returned. If the
+// connection drops before the exit, the rest is read as Stream reads it
+// (resumed after the last event). Against a server that answers the start
+// with JSON only, it is Exec and then Stream. An error from fn ends it with
+// that error; the command keeps running.
+func (c *SandboxConn) ExecStream(ctx context.Context, req ExecRequest, fn func(Event) error) (Command, Exit, error) {
+	var cmd Command
+	u, err := c.url("/commands")
+	if err != nil {
+		return cmd, Exit{}, err
+	}
+	resp, err := c.r.do(ctx, request{method: http.MethodPost, url: u, json: req.spec(), stream: true,
+		header: http.Header{"Accept": {"text/event-stream"}}})
+	if err != nil {
+		return cmd, Exit{}, err
+	}
+	defer resp.Body.Close()
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		buf, err := readBounded(resp.Body, c.r.maxBody)
+		if err == nil {
+			err = json.Unmarshal(buf, &cmd)
+		}
+		if err != nil || cmd.ID == "" {
+			return cmd, Exit{}, fmt.Errorf("POST %s: answer without a command (%v)", redact(u), err)
+		}
+		exit, err := c.Stream(ctx, cmd.ID, 0, fn)
+		return cmd, exit, err
+	}
+	var body io.Reader = resp.Body
+	if c.r.idle > 0 {
+		t := time.AfterFunc(c.r.idle, func() { resp.Body.Close() })
+		defer t.Stop()
+		body = &idleReader{r: resp.Body, t: t, d: c.r.idle}
+	}
+	p := newSSEParser(body, maxSSEEvent)
+	ev, err := p.next()
+	if err != nil || ev.Type != "start" {
+		return cmd, Exit{}, fmt.Errorf("POST %s: stream without a start event (%q, %v)", redact(u), ev.Type, err)
+	}
+	if err := json.Unmarshal(ev.Data, &cmd); err != nil || cmd.ID == "" {
+		return cmd, Exit{}, fmt.Errorf("POST %s: bad start event: %v", redact(u), err)
+	}
+	st := &cmdStream{id: cmd.ID, fn: fn}
+	for {
+		ev, err := p.next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return cmd, Exit{}, ctx.Err()
+			}
+			if errors.Is(err, ErrEventTooLarge) {
+				return cmd, Exit{}, err
+			}
+			break // cut: the rest as Stream reads it
+		}
+		stop, err := st.handle(ev)
+		if err != nil {
+			return cmd, Exit{}, err
+		}
+		if stop {
+			return cmd, *st.exit, nil
+		}
+	}
+	exit, err := c.follow(ctx, st)
+	return cmd, exit, err
 }
 
 // Run starts a command, copies its output to stdout and stderr (either may
 // be nil to discard) and returns how it exited. A non-zero exit code is not
 // an error; check Exit.Code.
 func (c *SandboxConn) Run(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (Exit, error) {
-	cmd, err := c.Exec(ctx, req)
-	if err != nil {
-		return Exit{}, err
-	}
-	return c.Stream(ctx, cmd.ID, 0, func(ev Event) error {
+	_, exit, err := c.ExecStream(ctx, req, func(ev Event) error {
 		w := stdout
 		switch ev.Type {
 		case EventStderr:
@@ -225,6 +303,7 @@ func (c *SandboxConn) Run(ctx context.Context, req ExecRequest, stdout, stderr i
 		}
 		return nil
 	})
+	return exit, err
 }
 
 // WriteStdin sends data to a command started with Stdin (or a PTY).
