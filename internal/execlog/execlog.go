@@ -11,6 +11,13 @@
 // event kept. Dropped records become holes in the file (fallocate
 // PUNCH_HOLE), so the disk holds about what is kept; where the filesystem
 // cannot punch holes, the file is rewritten with only what is kept.
+//
+// A log starts in memory and moves to its file (created then, with its
+// directory) when it would pass memLogMax, or its budget's logs together
+// would pass memBudgetMax: most commands print little, and creating,
+// writing and removing a file per command was the largest cost of an exec
+// on the host. Nothing reads a log file but its Log (a restarted node
+// starts its logs again), so where the records are changes nothing else.
 package execlog
 
 import (
@@ -20,9 +27,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,6 +56,12 @@ const EventOverhead = headerLen + 16
 // compactAbove is the file size past which a log is rewritten with only
 // what it keeps, even where holes can be punched (file size limits).
 const compactAbove = 1 << 40
+
+// The in-memory start of logs (see the package comment).
+const (
+	memLogMax    = 16 << 10
+	memBudgetMax = 256 << 10
+)
 
 // ErrGone is returned for a position older than what the log retains.
 var ErrGone = errors.New("execlog: events no longer retained")
@@ -78,6 +93,8 @@ type Budget struct {
 	mu    sync.Mutex
 	used  int64
 	queue []span // the logs' kept output in append order, oldest first
+
+	mem atomic.Int64 // bytes of the budget's logs held in memory
 }
 
 // span is a run of consecutive events one log appended.
@@ -105,14 +122,15 @@ type Log struct {
 	path string
 
 	mu      sync.Mutex
-	f       *os.File
-	gen     uint64  // bumped when the file is rewritten (offsets change)
-	first   uint64  // seq of offsets[0]; events before it were dropped
-	offsets []int64 // offsets[i] = file offset of record first+i
-	size    int64   // end of the file's last record
-	punched int64   // file offsets below this are holes
-	noPunch bool    // the filesystem cannot punch holes
-	charged int64   // what this log's kept output counts in b
+	f       *os.File // nil while the records are in mem
+	mem     []byte   // the records (file layout) until the file exists
+	gen     uint64   // bumped when the file is rewritten (offsets change)
+	first   uint64   // seq of offsets[0]; events before it were dropped
+	offsets []int64  // offsets[i] = file offset of record first+i
+	size    int64    // end of the file's last record
+	punched int64    // file offsets below this are holes
+	noPunch bool     // the filesystem cannot punch holes
+	charged int64    // what this log's kept output counts in b
 
 	droppedBytes int64 // payload bytes of the dropped events
 	done         bool  // exit recorded or log closed
@@ -125,13 +143,35 @@ func Create(path string, maxBytes int64) (*Log, error) {
 	return NewBudget(maxBytes).Create(path)
 }
 
-// Create makes a new log file at path whose kept output counts in b.
+// Create makes a new log whose kept output counts in b. Its file, at path,
+// is created when the log outgrows memory; path must not exist by then.
 func (b *Budget) Create(path string) (*Log, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("create exec log: %w", err)
+	return &Log{b: b, path: path, first: 1, changed: make(chan struct{})}, nil
+}
+
+// spillLocked moves the records from memory to the log's new file.
+func (l *Log) spillLocked() error {
+	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(l.path), 0o700); err == nil {
+			f, err = os.OpenFile(l.path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+		}
 	}
-	return &Log{b: b, path: path, f: f, first: 1, changed: make(chan struct{})}, nil
+	if err != nil {
+		return fmt.Errorf("create exec log: %w", err)
+	}
+	if _, err := f.WriteAt(l.mem, 0); err != nil {
+		f.Close()
+		os.Remove(l.path)
+		return fmt.Errorf("execlog: write: %w", err)
+	}
+	l.f = f
+	l.b.mem.Add(-int64(len(l.mem)))
+	l.mem = nil
+	if len(l.offsets) > 0 {
+		l.release(l.offsets[0]) // records dropped while in memory
+	}
+	return nil
 }
 
 // Append stores one event and wakes readers, dropping the oldest output of
@@ -201,6 +241,19 @@ func (l *Log) appendLocked(typ byte, data []byte) (uint64, error) {
 	binary.BigEndian.PutUint64(hdr[0:8], seq)
 	hdr[8] = typ
 	binary.BigEndian.PutUint32(hdr[9:13], uint32(len(data)))
+	n := headerLen + len(data)
+	if l.f == nil {
+		if l.size+int64(n) <= memLogMax {
+			if l.b.mem.Add(int64(n)) <= memBudgetMax {
+				l.mem = append(append(l.mem, hdr[:]...), data...)
+				return l.appendedLocked(typ, seq, n), nil
+			}
+			l.b.mem.Add(-int64(n)) // the budget's memory is full
+		}
+		if err := l.spillLocked(); err != nil {
+			return 0, err
+		}
+	}
 	// One vectored write: no copy of the payload, one syscall.
 	n, err := unix.Pwritev(int(l.f.Fd()), [][]byte{hdr[:], data}, l.size)
 	if err == nil && n != headerLen+len(data) {
@@ -209,13 +262,18 @@ func (l *Log) appendLocked(typ byte, data []byte) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("execlog: write: %d of %d bytes: %w", n, headerLen+len(data), err)
 	}
+	return l.appendedLocked(typ, seq, n), nil
+}
+
+// appendedLocked indexes a record of n bytes just stored at l.size.
+func (l *Log) appendedLocked(typ byte, seq uint64, n int) uint64 {
 	l.offsets = append(l.offsets, l.size)
 	l.size += int64(n)
 	if typ == Exit {
 		l.done = true
 	}
 	l.wakeLocked()
-	return seq, nil
+	return seq
 }
 
 // dropOldestLocked drops at least need bytes of the oldest output (or the
@@ -271,6 +329,9 @@ func (l *Log) dropFront(maxN int, need int64) (int64, int) {
 // release gives the disk blocks below file offset cut back: holes, or a
 // rewrite of the file where holes cannot be punched.
 func (l *Log) release(cut int64) {
+	if l.f == nil {
+		return // in memory: its bytes go with the log (bounded by memLogMax)
+	}
 	if l.noPunch {
 		if cut > 1<<20 && cut > (l.size-cut) {
 			l.compactLocked()
@@ -303,7 +364,7 @@ func (l *Log) compactLocked() {
 	if len(l.offsets) > 0 {
 		base = l.offsets[0]
 	}
-	if base == 0 || l.closed {
+	if base == 0 || l.closed || l.f == nil {
 		return
 	}
 	nf, err := os.CreateTemp(filepath.Dir(l.path), ".compact-*")
@@ -378,6 +439,8 @@ func (l *Log) Close() error {
 	l.charged = 0
 	l.closed = true
 	f := l.f
+	b.mem.Add(-int64(len(l.mem)))
+	l.mem = nil
 	l.mu.Unlock()
 	q := b.queue[:0]
 	for _, s := range b.queue {
@@ -388,6 +451,9 @@ func (l *Log) Close() error {
 	clear(b.queue[len(q):])
 	b.queue = q
 	b.mu.Unlock()
+	if f == nil {
+		return nil
+	}
 	return f.Close()
 }
 
@@ -432,6 +498,14 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			off, end, f = l.offsets[i], l.size, l.f
 			if i+1 < uint64(len(l.offsets)) {
 				end = l.offsets[i+1]
+			}
+			if f == nil {
+				// In memory: copied under the lock (a spill takes mem away).
+				r.buf = append(r.buf[:0], l.mem[off:end]...)
+				l.mu.Unlock()
+				b := r.buf
+				r.next++
+				return Record{Seq: binary.BigEndian.Uint64(b[0:8]), Type: b[8], Data: b[headerLen:]}, nil
 			}
 		}
 		l.mu.Unlock()

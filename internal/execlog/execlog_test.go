@@ -364,3 +364,113 @@ func BenchmarkAppendDropping(b *testing.B) {
 		}
 	}
 }
+
+// TestMemoryThenFile: a small log is never written to disk; one that
+// outgrows memory moves to its file (creating its directory) and a reader
+// that began in memory reads on from the file without a gap or a repeat.
+func TestMemoryThenFile(t *testing.T) {
+	dir := t.TempDir()
+	b := NewBudget(64 << 20)
+	small, _ := b.Create(filepath.Join(dir, "small.log"))
+	defer small.Close()
+	small.Append(Stdout, []byte("hello"))
+	small.Append(Exit, []byte(`{"code":0}`))
+	if _, err := os.Stat(filepath.Join(dir, "small.log")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a small log has a file: %v", err)
+	}
+	rd, _ := small.NewReader(0)
+	if recs := readAll(t, rd); len(recs) != 2 || string(recs[0].Data) != "hello" || recs[1].Type != Exit {
+		t.Fatalf("small log: %+v", recs)
+	}
+
+	path := filepath.Join(dir, "sub", "big.log") // the directory does not exist yet
+	big, _ := b.Create(path)
+	defer big.Close()
+	rd, _ = big.NewReader(0)
+	var want []byte
+	const chunk = 3000
+	for i := 1; i <= 20; i++ {
+		p := bytes.Repeat([]byte{byte(i)}, chunk)
+		want = append(want, p...)
+		if _, err := big.Append(Stdout, p); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+		if i == 2 { // read in memory
+			if r, err := rd.Next(context.Background()); err != nil || r.Seq != 1 {
+				t.Fatalf("first read: %+v %v", r, err)
+			}
+		}
+	}
+	big.Append(Exit, []byte(`{}`))
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() < 20*chunk {
+		t.Fatalf("big log's file: %v %v", fi, err)
+	}
+	got := bytes.Repeat([]byte{1}, chunk)
+	for _, r := range readAll(t, rd) {
+		if r.Type == Stdout {
+			got = append(got, r.Data...)
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes, want %d, equal %v", len(got), len(want), bytes.Equal(got, want))
+	}
+	if b.mem.Load() != int64(len(small.mem)) {
+		t.Fatalf("budget holds %d bytes in memory, the small log %d", b.mem.Load(), len(small.mem))
+	}
+}
+
+// TestMemoryBudget: a budget's logs together keep at most memBudgetMax in
+// memory; past it new output goes to files, and closing gives it back.
+func TestMemoryBudget(t *testing.T) {
+	dir := t.TempDir()
+	b := NewBudget(64 << 20)
+	var logs []*Log
+	var files int
+	for i := 0; i < 2*memBudgetMax/memLogMax; i++ {
+		l, _ := b.Create(filepath.Join(dir, fmt.Sprintf("%d.log", i)))
+		logs = append(logs, l)
+		if _, err := l.Append(Stdout, make([]byte, memLogMax-100)); err != nil {
+			t.Fatal(err)
+		}
+		l.Append(Exit, []byte(`{}`))
+		if _, err := os.Stat(l.path); err == nil {
+			files++
+		}
+		if m := b.mem.Load(); m > memBudgetMax {
+			t.Fatalf("after %d logs %d bytes in memory", i+1, m)
+		}
+	}
+	if files < len(logs)/2-1 {
+		t.Fatalf("%d of %d logs have files", files, len(logs))
+	}
+	for _, l := range logs {
+		rd, _ := l.NewReader(0)
+		if recs := readAll(t, rd); len(recs) != 2 || len(recs[0].Data) != memLogMax-100 {
+			t.Fatalf("%s: %d records", l.path, len(recs))
+		}
+		l.Close()
+	}
+	if m := b.mem.Load(); m != 0 {
+		t.Fatalf("%d bytes in memory after every log closed", m)
+	}
+}
+
+// TestDropInMemory: a log whose budget drops its oldest output while it is
+// still in memory reports the drop like a file-backed one.
+func TestDropInMemory(t *testing.T) {
+	l, _ := Create(filepath.Join(t.TempDir(), "log"), 3*(100+EventOverhead))
+	defer l.Close()
+	for i := 1; i <= 10; i++ {
+		l.Append(Stdout, bytes.Repeat([]byte{byte(i)}, 100))
+	}
+	l.Append(Exit, []byte(`{}`))
+	if l.f != nil {
+		t.Fatal("a 1.3 KiB log moved to its file")
+	}
+	rd, _ := l.NewReader(0)
+	recs := readAll(t, rd)
+	if len(recs) != 5 || dropInfo(t, recs[0]).FirstSeq != 8 || recs[1].Data[0] != 8 || recs[4].Type != Exit {
+		t.Fatalf("%d records: %+v", len(recs), recs)
+	}
+}

@@ -312,10 +312,8 @@ func (n *Node) startSandbox(ctx context.Context, sb core.Sandbox, progress core.
 	for k, v := range sb.Env {
 		cfg.Env[k] = v
 	}
-	if err := os.MkdirAll(h.logDir, 0o700); err != nil {
-		inst.Destroy(context.WithoutCancel(ctx))
-		return core.Placement{}, fmt.Errorf("command log dir: %w", err)
-	}
+	// The command log dir is made by the first log that outgrows memory
+	// (execlog): most sandboxes never need it.
 	if err := h.Agent.SetConfig(ctx, cfg); err != nil {
 		h.destroy(context.WithoutCancel(ctx))
 		return core.Placement{}, fmt.Errorf("configure agent: %w", err)
@@ -405,10 +403,6 @@ func (n *Node) AdoptSandbox(ctx context.Context, sb core.Sandbox) error {
 	// The previous process's command logs are not trustworthy (their index
 	// was in memory); start them again from what the agent still retains.
 	os.RemoveAll(h.logDir)
-	if err := os.MkdirAll(h.logDir, 0o700); err != nil {
-		h.destroy(ctx)
-		return fmt.Errorf("command log dir: %w", err)
-	}
 	procs, err := h.Agent.List(ctx)
 	if err != nil {
 		h.destroy(ctx)
