@@ -252,6 +252,18 @@ func TestLimitsV2Fake(t *testing.T) {
 	if n, err := g.OOMKills(); err != nil || n != 1 {
 		t.Fatalf("oom kills %d %v", n, err)
 	}
+	// The file stays open between reads; each read sees its content anew
+	// (rewritten in place here, as the kernel makes it afresh).
+	if err := os.WriteFile(filepath.Join(root, "node/space/s/memory.events"), []byte("low 0\nhigh 0\nmax 7\noom 4\noom_kill 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.OOMKills(); err != nil || n != 3 || g.oom == nil {
+		t.Fatalf("oom kills after a change %d %v", n, err)
+	}
+	_ = g.Remove(context.Background()) // a fake tree's dirs are not empty
+	if g.oom != nil {
+		t.Fatal("Remove left the OOM file open")
+	}
 }
 
 func requireRoot(t *testing.T) {

@@ -276,6 +276,9 @@ func (c *SandboxConn) ExecStream(ctx context.Context, req ExecRequest, fn func(E
 			return cmd, Exit{}, err
 		}
 		if stop {
+			// The server ends the answer after the exit event: reading to
+			// its end hands the connection back for reuse.
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 			return cmd, *st.exit, nil
 		}
 	}

@@ -75,10 +75,10 @@ func (c *Client) StartEvents(ctx, streamCtx context.Context, spec agent.ProcessS
 		return agent.ProcessInfo{}, nil, err
 	}
 	info, r, err := c.startedFrame(resp)
-	// ctx no longer applies once the start frame is read: the process runs.
-	if !stop() && err == nil {
-		err = fmt.Errorf("agent: POST /v1/processes: %w", context.Cause(ctx))
-	}
+	// ctx no longer applies once the started frame is read: the process
+	// runs and is the caller's to follow. (Had ctx ended just before, the
+	// stream is cut and the caller resumes it with Events.)
+	stop()
 	if err != nil {
 		resp.Body.Close()
 		cancel()
