@@ -280,14 +280,7 @@ func (c *Client) Exec(ctx context.Context, sb Sandbox, argv []string, onStdout f
 		}
 		return c.Follow(ctx, sb, cmd.ID, onStdout)
 	}
-	br := c.streamReader(resp.Body)
-	res, err := readCommandEvents(br, onStdout)
-	c.putReader(br)
-	if err != nil {
-		return res, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return res, nil
+	return c.readEvents(resp.Body, onStdout)
 }
 
 func commandsURL(sb Sandbox) string {
@@ -346,15 +339,20 @@ func (c *Client) Follow(ctx context.Context, sb Sandbox, cid string, onStdout fu
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return ExecResult{}, fmt.Errorf("command events: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(raw))
 	}
-	br := c.streamReader(resp.Body)
+	return c.readEvents(resp.Body, onStdout)
+}
+
+// readEvents reads an SSE answer of command events to the exit event, then
+// to the end of the answer so the connection goes back to the pool, as a
+// long-lived client's would.
+func (c *Client) readEvents(body io.Reader, onStdout func([]byte)) (ExecResult, error) {
+	br := c.streamReader(body)
 	res, err := readCommandEvents(br, onStdout)
 	c.putReader(br)
 	if err != nil {
 		return res, err
 	}
-	// Read to the end of the response so the connection goes back to the
-	// pool, as a long-lived client's would.
-	_, _ = io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, body)
 	return res, nil
 }
 
