@@ -86,7 +86,7 @@ func (d *dataRouter) wrap(next http.Handler) http.Handler {
 			d.serveLocal(next, w, r, id)
 			return
 		}
-		p.proxy.ServeHTTP(w, r)
+		p.serve(w, r)
 	})
 }
 
@@ -203,4 +203,14 @@ func (n nodePauser) PauseSandbox(ctx context.Context, id string) error {
 
 func (n nodePauser) ResumeSandbox(ctx context.Context, id string) error {
 	return n.t.ResumeSandbox(ctx, id)
+}
+
+// serve forwards a request to the peer. Full duplex: without it net/http
+// closes the client's request body when the proxy writes the peer's first
+// bytes back, and a transport still reading that body (for its end) then
+// fails the request write and closes the connection to the peer under the
+// answer: a process Start answers before its request is read to the end.
+func (p *peer) serve(w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already
+	p.proxy.ServeHTTP(w, r)
 }

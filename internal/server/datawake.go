@@ -173,7 +173,7 @@ func (d *dataRouter) serveLocal(next http.Handler, w http.ResponseWriter, r *htt
 	}
 	if p := d.peerFor(r.Context(), id); p != nil {
 		d.logf("data plane: sandbox %s woke on node %s; forwarding the request there", id, rr.get())
-		p.proxy.ServeHTTP(w, r)
+		p.serve(w, r)
 		return
 	}
 	httpx.WriteError(w, httpx.Errorf(http.StatusBadGateway, "unavailable", "the sandbox woke on another node, which cannot be reached"))
