@@ -66,6 +66,9 @@ const (
 // ErrGone is returned for a position older than what the log retains.
 var ErrGone = errors.New("execlog: events no longer retained")
 
+// ErrClosed is returned by a reader of a closed log.
+var ErrClosed = errors.New("execlog: log closed")
+
 // Record is one stored event.
 type Record struct {
 	Seq  uint64
@@ -428,8 +431,8 @@ func (l *Log) LastSeq() uint64 {
 	return l.lastSeqLocked()
 }
 
-// Close releases the file and the log's share of its budget. Readers
-// blocked in Next return an error.
+// Close releases the file (or the records in memory) and the log's share
+// of its budget. Its readers, blocked in Next or not, get ErrClosed.
 func (l *Log) Close() error {
 	l.Finish()
 	b := l.b
@@ -482,6 +485,11 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 	l := r.l
 	for {
 		l.mu.Lock()
+		if l.closed {
+			// Its records may be gone with it (in memory: they are).
+			l.mu.Unlock()
+			return Record{}, ErrClosed
+		}
 		if r.next < l.first {
 			info := l.dropInfoLocked()
 			l.mu.Unlock()

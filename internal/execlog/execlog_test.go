@@ -474,3 +474,24 @@ func TestDropInMemory(t *testing.T) {
 		t.Fatalf("%d records: %+v", len(recs), recs)
 	}
 }
+
+// TestReadAfterClose: a reader of a log that was closed under it (the
+// node prunes finished commands while a client may still replay one)
+// gets an error, whether the records were in memory or in the file.
+func TestReadAfterClose(t *testing.T) {
+	for _, size := range []int{100, memLogMax} {
+		l, _ := Create(filepath.Join(t.TempDir(), "log"), 1<<20)
+		l.Append(Stdout, bytes.Repeat([]byte{'x'}, size))
+		l.Append(Exit, []byte(`{}`))
+		rd, _ := l.NewReader(0)
+		l.Close()
+		if rec, err := rd.Next(context.Background()); err == nil {
+			t.Fatalf("%d bytes: read %d bytes of type %d from a closed log", size, len(rec.Data), rec.Type)
+		}
+		if rd2, err := l.NewReader(0); err == nil {
+			if _, err := rd2.Next(context.Background()); err == nil {
+				t.Fatalf("%d bytes: a new reader read a closed log", size)
+			}
+		}
+	}
+}
