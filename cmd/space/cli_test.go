@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -71,6 +73,15 @@ func cliSrv(t *testing.T) (*testenv.Server, string) {
 
 // space runs the CLI binary the server was built with and returns stdout,
 // stderr and the exit status.
+// spaceCmd is the space CLI, set up against the test server.
+func spaceCmd(t *testing.T, ctx context.Context, args ...string) *exec.Cmd {
+	t.Helper()
+	srv, key := cliSrv(t)
+	cmd := exec.CommandContext(ctx, srv.Bin, args...)
+	cmd.Env = append(os.Environ(), "SPACE_URL="+srv.Ctrl, "SPACE_API_KEY="+key)
+	return cmd
+}
+
 func space(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	srv, key := cliSrv(t)
@@ -202,6 +213,41 @@ func TestExecInteractivePTY(t *testing.T) {
 		t.Fatalf("space exec did not exit; terminal:\n%q", out.String())
 	}
 	<-readDone
+}
+
+// TestExecStdinAndSignal: `space sandbox exec -i` forwards piped stdin to
+// the command (the id it forwards to comes from the start event of the
+// one-request exec), and a SIGTERM to the CLI reaches the command.
+func TestExecStdinAndSignal(t *testing.T) {
+	id := newSandbox(t)
+	ctx := context.Background()
+	cmd := spaceCmd(t, ctx, "sandbox", "exec", "-i", id, "--", "sh", "-c", "tr a-z A-Z; echo done")
+	cmd.Stdin = strings.NewReader("piped through\n")
+	out, err := cmd.Output()
+	if err != nil || string(out) != "PIPED THROUGH\ndone\n" {
+		t.Fatalf("exec -i: %q, %v", out, err)
+	}
+
+	cmd = spaceCmd(t, ctx, "sandbox", "exec", id, "--", "sh", "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done")
+	stdout, err := cmd.StdoutPipe()
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	rd := bufio.NewReader(stdout)
+	if line, err := rd.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("before the signal: %q, %v", line, err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	rest, _ := io.ReadAll(rd)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if string(rest) != "got-term\n" || !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("after SIGTERM: %q, %v", rest, err)
+	}
 }
 
 func TestExitCodes(t *testing.T) {

@@ -775,32 +775,34 @@ func sandboxExec(args []string) error {
 			}
 		}
 	}
-	cmd, err := sc.Exec(ctx, req)
-	var ae *client.APIError
-	if errors.As(err, &ae) && ae.Code == "exec_failed" {
-		fmt.Fprintf(os.Stderr, "space: %s\n", ae.Message)
-		return exitCode(127) // as a shell does for a command it cannot run
-	}
-	if err != nil {
-		return err
-	}
-	// Raw mode only once the command runs: keys then reach the remote
-	// terminal as bytes (Ctrl-C included), its echo is the only one.
-	if tty && stdin && isTTY(os.Stdin) {
-		restore, err := makeRaw(int(os.Stdin.Fd()))
-		if err != nil {
-			return err
-		}
-		defer restore()
-	}
+	// One request starts the command and streams its output; stdin and
+	// signals are forwarded once the start event names the command.
+	var (
+		cmdID   string
+		restore = func() {}
+	)
+	defer func() { restore() }()
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
 	defer signal.Stop(sigs)
-	go forwardSignals(ctx, cancel, sc, cmd.ID, sigs, tty)
-	if stdin {
-		go forwardStdin(ctx, sc, cmd.ID)
+	started := func(cmd client.Command) error {
+		cmdID = cmd.ID
+		// Raw mode only once the command runs: keys then reach the remote
+		// terminal as bytes (Ctrl-C included), its echo is the only one.
+		if tty && stdin && isTTY(os.Stdin) {
+			r, err := makeRaw(int(os.Stdin.Fd()))
+			if err != nil {
+				return err
+			}
+			restore = r
+		}
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGWINCH)
+		go forwardSignals(ctx, cancel, sc, cmd.ID, sigs, tty)
+		if stdin {
+			go forwardStdin(ctx, sc, cmd.ID)
+		}
+		return nil
 	}
-	exit, err := sc.Stream(ctx, cmd.ID, 0, func(ev client.Event) error {
+	_, exit, err := sc.ExecStreamStarted(ctx, req, started, func(ev client.Event) error {
 		w := os.Stdout
 		switch ev.Type {
 		case client.EventStderr:
@@ -812,9 +814,14 @@ func sandboxExec(args []string) error {
 		_, err := w.Write(ev.Data)
 		return err
 	})
+	var ae *client.APIError
+	if cmdID == "" && errors.As(err, &ae) && ae.Code == "exec_failed" {
+		fmt.Fprintf(os.Stderr, "space: %s\n", ae.Message)
+		return exitCode(127) // as a shell does for a command it cannot run
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			fmt.Fprintf(os.Stderr, "space: detached; command %s may still run in %s\n", cmd.ID, id)
+		if cmdID != "" && ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "space: detached; command %s may still run in %s\n", cmdID, id)
 			return exitCode(130)
 		}
 		return err

@@ -243,16 +243,14 @@ func TestSessionTimeoutAndPolicyFlags(t *testing.T) {
 // TestEvents follows the project's lifecycle events while a sandbox is
 // created: its create operation and its running state show up.
 func TestEvents(t *testing.T) {
-	srv, key := cliSrv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, srv.Bin, "events")
-	cmd.Env = append(os.Environ(), "SPACE_URL="+srv.Ctrl, "SPACE_API_KEY="+key)
+	cmd := spaceCmd(t, ctx, "events")
 	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		err = cmd.Start()
 	}
-	if err := cmd.Start(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cancel(); cmd.Wait() }()

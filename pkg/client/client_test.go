@@ -612,14 +612,17 @@ func TestExecStream(t *testing.T) {
 		f := &fakeCommand{events: []string{"stdout:a", "stderr:b", "stdout:c", `exit:{"exit_code":3}`}, cut: cut, dup: true, streamStart: true}
 		_, sc := newCommandEnv(t, f)
 		var out []string
-		cmd, exit, err := sc.ExecStream(context.Background(), ExecRequest{Shell: "echo hi", Timeout: 1500 * time.Millisecond}, func(ev Event) error {
+		cmd, exit, err := sc.ExecStreamStarted(context.Background(), ExecRequest{Shell: "echo hi", Timeout: 1500 * time.Millisecond}, func(c Command) error {
+			out = append(out, "started:"+c.ID) // before any event
+			return nil
+		}, func(ev Event) error {
 			out = append(out, fmt.Sprintf("%d:%s:%s", ev.Seq, ev.Type, ev.Data))
 			return nil
 		})
 		if err != nil || cmd.ID != "1" || cmd.PID != 10 || exit.Code != 3 {
 			t.Fatalf("cut %d: cmd %+v exit %+v err %v", cut, cmd, exit, err)
 		}
-		if got := strings.Join(out, " "); got != "1:stdout:a 2:stderr:b 3:stdout:c" {
+		if got := strings.Join(out, " "); got != "started:1 1:stdout:a 2:stderr:b 3:stdout:c" {
 			t.Fatalf("cut %d: output %q", cut, got)
 		}
 		wantGets := ""
@@ -629,5 +632,26 @@ func TestExecStream(t *testing.T) {
 		if f.posts != 1 || strings.Join(f.lastIDs, ",") != wantGets {
 			t.Fatalf("cut %d: %d POSTs, GETs after %q", cut, f.posts, f.lastIDs)
 		}
+	}
+	// A server that answers the start with JSON: started still comes first.
+	f := &fakeCommand{events: []string{"stdout:a", `exit:{"exit_code":0}`}}
+	_, sc := newCommandEnv(t, f)
+	var out []string
+	req := ExecRequest{Shell: "echo hi", Timeout: 1500 * time.Millisecond}
+	_, _, err := sc.ExecStreamStarted(context.Background(), req, func(c Command) error {
+		out = append(out, "started:"+c.ID)
+		return nil
+	}, func(ev Event) error {
+		out = append(out, fmt.Sprintf("%d:%s:%s", ev.Seq, ev.Type, ev.Data))
+		return nil
+	})
+	if got := strings.Join(out, " "); err != nil || got != "started:1 1:stdout:a" {
+		t.Fatalf("JSON start: %q, %v", got, err)
+	}
+	// An error from started ends the call with it.
+	stop := errors.New("stop here")
+	_, sc = newCommandEnv(t, &fakeCommand{events: []string{"stdout:a", `exit:{"exit_code":0}`}, streamStart: true})
+	if _, _, err := sc.ExecStreamStarted(context.Background(), req, func(Command) error { return stop }, nil); !errors.Is(err, stop) {
+		t.Fatalf("started's error: %v", err)
 	}
 }

@@ -223,6 +223,14 @@ func (st *cmdStream) handle(ev sseEvent) (bool, error) {
 // with JSON only, it is Exec and then Stream. An error from fn ends it with
 // that error; the command keeps running.
 func (c *SandboxConn) ExecStream(ctx context.Context, req ExecRequest, fn func(Event) error) (Command, Exit, error) {
+	return c.ExecStreamStarted(ctx, req, nil, fn)
+}
+
+// ExecStreamStarted is ExecStream with started, if not nil, called once the
+// command runs and before any of its events: a caller that forwards stdin
+// or signals to the command learns its id there. An error from started
+// ends it with that error; the command keeps running.
+func (c *SandboxConn) ExecStreamStarted(ctx context.Context, req ExecRequest, started func(Command) error, fn func(Event) error) (Command, Exit, error) {
 	var cmd Command
 	u, err := c.url("/commands")
 	if err != nil {
@@ -242,6 +250,11 @@ func (c *SandboxConn) ExecStream(ctx context.Context, req ExecRequest, fn func(E
 		if err != nil || cmd.ID == "" {
 			return cmd, Exit{}, fmt.Errorf("POST %s: answer without a command (%v)", redact(u), err)
 		}
+		if started != nil {
+			if err := started(cmd); err != nil {
+				return cmd, Exit{}, err
+			}
+		}
 		exit, err := c.Stream(ctx, cmd.ID, 0, fn)
 		return cmd, exit, err
 	}
@@ -258,6 +271,11 @@ func (c *SandboxConn) ExecStream(ctx context.Context, req ExecRequest, fn func(E
 	}
 	if err := json.Unmarshal(ev.Data, &cmd); err != nil || cmd.ID == "" {
 		return cmd, Exit{}, fmt.Errorf("POST %s: bad start event: %v", redact(u), err)
+	}
+	if started != nil {
+		if err := started(cmd); err != nil {
+			return cmd, Exit{}, err
+		}
 	}
 	st := &cmdStream{id: cmd.ID, fn: fn}
 	for {
