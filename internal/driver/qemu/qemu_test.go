@@ -125,6 +125,7 @@ func newDriver(t testing.TB, o Options) *Driver {
 		if err := d.Sweep(context.Background(), nil); err != nil {
 			t.Errorf("final sweep: %v", err)
 		}
+		d.cg.RemoveBase() // the test dir's own cgroup parents, empty by now
 	})
 	return d
 }
