@@ -49,6 +49,10 @@ type proc struct {
 	addr                     map[string]string
 	cmd                      *exec.Cmd
 	done                     chan struct{}
+	// killed: the last run ended without a clean stop (SIGKILL), so it
+	// did not tidy the host (empty cgroup parents, run dir); the sweep
+	// starts it once more and stops it.
+	killed bool
 }
 
 func (p *proc) start(t *testing.T) {
@@ -64,7 +68,7 @@ func (p *proc) start(t *testing.T) {
 		f.Close()
 		t.Fatal(err)
 	}
-	p.done = make(chan struct{})
+	p.done, p.killed = make(chan struct{}), false
 	go func(c *exec.Cmd, done chan struct{}) { c.Wait(); f.Close(); close(done) }(p.cmd, p.done)
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -99,10 +103,12 @@ func (p *proc) signal(sig syscall.Signal) {
 	default:
 	}
 	p.cmd.Process.Signal(sig)
+	p.killed = sig == syscall.SIGKILL
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
 		p.cmd.Process.Kill()
+		p.killed = true
 		<-p.done
 	}
 }
@@ -761,7 +767,7 @@ func sweep(t *testing.T, dsn string, nodes []*proc) {
 		// (runsc kept running after the test) when only the namespace
 		// driver's were looked at.
 		left := append(driverDirs(p.dataDir, "sandboxes"), driverDirs(p.dataDir, "gvisor")...)
-		if p.cmd == nil || len(left) == 0 {
+		if p.cmd == nil || len(left) == 0 && !p.killed {
 			continue
 		}
 		for _, id := range left {
@@ -771,7 +777,11 @@ func sweep(t *testing.T, dsn string, nodes []*proc) {
 				t.Errorf("sandbox %s leaked on %s (its record: %s %q %v)", id, p.name, sb.State, sb.StateReason, err)
 			}
 		}
-		t.Logf("sweep: restarting %s to remove %d leftover sandboxes", p.name, len(left))
+		if len(left) > 0 {
+			t.Logf("sweep: restarting %s to remove %d leftover sandboxes", p.name, len(left))
+		} else {
+			t.Logf("sweep: restarting %s, killed in the test, so that its stop tidies the host", p.name)
+		}
 		os.Remove(p.addrFile)
 		f, _ := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		cmd := exec.Command(p.bin, append(p.args, "--addr-file", p.addrFile)...)
