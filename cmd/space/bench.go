@@ -39,6 +39,7 @@ func runBench(args []string) error {
 	fs.StringVar(&cfg.TemplateDir, "template-dir", bench.DefaultTemplateDir, "template cache reused between runs")
 	fs.StringVar(&cfg.Driver, "driver", "namespace", "isolation driver to measure: namespace or gvisor")
 	drivers := fs.String("drivers", "", "comma-separated drivers measured side by side in one run (e.g. namespace,gvisor): cold and warm-pool create, exec round trip, and for gvisor snapshot+fork; replaces --driver")
+	fs.BoolVar(&cfg.FavorDynMods, "cgroup-favordynmods", cfg.FavorDynMods, "the server's --cgroup-favordynmods (host-wide; see space server -h)")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary for the gvisor driver (default: the pinned build, then PATH)")
 	fs.IntVar(&cfg.SnapshotRuns, "snapshot-runs", 10, "with --drivers: snapshot+fork pairs per driver that has process snapshots (gvisor; 0 skips)")
 	cfg.MemSnap = bench.DefaultMemSnap()

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/space-sandbox/space/internal/cgroups"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,6 +47,9 @@ type Config struct {
 	// EnvOptions), Runsc the runsc binary for gvisor.
 	Driver string `json:"driver,omitempty"`
 	Runsc  string `json:"runsc,omitempty"`
+	// FavorDynMods is the server's --cgroup-favordynmods (on in
+	// DefaultConfig, as on `space server`).
+	FavorDynMods bool `json:"favordynmods"`
 	// SnapshotRuns is how many snapshot+fork pairs RunDrivers measures per
 	// driver (0 skips).
 	SnapshotRuns int `json:"snapshot_runs,omitempty"`
@@ -62,7 +66,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{N: 100, Idle: 500, IdleConcurrency: 4, ExecRuns: 200, StdoutBytes: 256 << 20,
 		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50, PortRequests: defaultPortRequests, PortClients: 8,
-		Clients: []int{1, 4, 16, 32}, ClientCycles: 3}
+		Clients: []int{1, 4, 16, 32}, ClientCycles: 3, FavorDynMods: true}
 }
 
 // MaxSandboxes bounds how many sandboxes one run may have alive at once.
@@ -226,10 +230,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Config.Progress, res.Config.ServerLog = nil, nil
 	cfg.Progress("starting an in-process server (warm pool %d)", cfg.WarmPool)
 	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool, Logf: cfg.ServerLog,
-		Driver: cfg.Driver, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg)})
+		Driver: cfg.Driver, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg), FavorDynMods: cfg.FavorDynMods})
 	if err != nil {
 		return res, err
 	}
+	res.Machine.noteDynMods()
 	res.Driver = env.Server.Node().DriverName()
 	var errs []error
 	phase := func(name string, skip bool, f func() error) {
@@ -708,6 +713,14 @@ func describeMachine() Machine {
 		m.Cgroups += "; no /dev/kvm"
 	}
 	return m
+}
+
+// noteDynMods adds the host's favordynmods state (read after the server
+// started, which may have turned it on) to the cgroup line.
+func (m *Machine) noteDynMods() {
+	if d, err := cgroups.ReadDynMods(); err == nil && d.Mount != "" {
+		m.Cgroups += ", " + d.String()
+	}
 }
 
 func describeCgroups() string {

@@ -74,6 +74,9 @@ func RunDrivers(ctx context.Context, cfg Config, drivers []string) (*Comparison,
 			break
 		}
 		dr, err := runDriver(ctx, cfg, d)
+		if len(res.Drivers) == 0 {
+			res.Machine.noteDynMods()
+		}
 		res.Drivers = append(res.Drivers, dr)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", d, err))
@@ -91,7 +94,7 @@ func runDriver(ctx context.Context, cfg Config, drv string) (DriverResult, error
 	dr := DriverResult{Driver: drv}
 	cfg.Progress("%s: starting an in-process server (warm pool %d)", drv, cfg.WarmPool)
 	env, err := Start(ctx, EnvOptions{AgentPath: cfg.AgentPath, TemplateDir: cfg.TemplateDir, WarmPool: cfg.WarmPool,
-		Logf: cfg.ServerLog, Driver: drv, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg)})
+		Logf: cfg.ServerLog, Driver: drv, Runsc: cfg.Runsc, MaxOutputBytes: outputRoom(cfg), FavorDynMods: cfg.FavorDynMods})
 	if err != nil {
 		dr.Errors = append(dr.Errors, err.Error())
 		return dr, err

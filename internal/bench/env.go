@@ -56,6 +56,8 @@ type EnvOptions struct {
 	// server's default). The stdout benchmark replays its whole output
 	// from the log, so it needs room for it.
 	MaxOutputBytes int64
+	// FavorDynMods is the server's --cgroup-favordynmods.
+	FavorDynMods bool
 }
 
 // Env is a running in-process server with an API key and a client.
@@ -135,6 +137,7 @@ func Start(ctx context.Context, o EnvOptions) (_ *Env, err error) {
 	cfg.Listen, cfg.DataListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Driver = o.Driver
 	cfg.Runsc = o.Runsc
+	cfg.CgroupFavorDynMods = o.FavorDynMods
 	// The memory-snapshot part measures the namespace driver's CRIU
 	// checkpoints where CRIU works (opt-in on a server).
 	cfg.NamespaceCRIU = true

@@ -351,6 +351,7 @@ func StartNode(ctx context.Context, cfg Config, nc NodeConfig) (*NodeProcess, er
 	if cfg, err = withUIDPool(cfg); err != nil {
 		return nil, err
 	}
+	favorDynMods(cfg)
 	drv, _, err := pickDataDirDriver(cfg, cfg.Logf, p.net)
 	if err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/space-sandbox/space/internal/api"
 	"github.com/space-sandbox/space/internal/auth"
+	"github.com/space-sandbox/space/internal/cgroups"
 	"github.com/space-sandbox/space/internal/cluster"
 	"github.com/space-sandbox/space/internal/core"
 	"github.com/space-sandbox/space/internal/diskquota"
@@ -64,15 +65,18 @@ type Config struct {
 	// NamespaceLazyRestore: restores bring memory in on demand (--namespace-lazy-restore).
 	NamespaceLazyRestore bool
 	CgroupParent         string // namespace driver: sandboxes' cgroups below this path, not the process's own (--cgroup-parent)
-	QEMUAccel            string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
-	AgentPath            string // the space binary, exec'd as each sandbox's PID 1
-	WarmPool             int
-	WarmTemplates        []string
-	Builtins             []string // builtin templates to make sure of at start ("minimal", "base")
-	DefaultTimeout       time.Duration
-	SessionTTL           time.Duration
-	DefaultLimits        core.Limits
-	MaxLimits            core.Limits
+	// CgroupFavorDynMods turns on cgroup v2's favordynmods host-wide before
+	// the driver starts (--cgroup-favordynmods; off in a zero Config).
+	CgroupFavorDynMods bool
+	QEMUAccel          string // qemu driver accelerator: "kvm", "tcg" or "" (KVM when it can run guests, else TCG)
+	AgentPath          string // the space binary, exec'd as each sandbox's PID 1
+	WarmPool           int
+	WarmTemplates      []string
+	Builtins           []string // builtin templates to make sure of at start ("minimal", "base")
+	DefaultTimeout     time.Duration
+	SessionTTL         time.Duration
+	DefaultLimits      core.Limits
+	MaxLimits          core.Limits
 	// UIDBase.. (65536 ids) are the host ids templates' files are stored
 	// with, and the ids every sandbox ran under before UIDPool.
 	UIDBase uint32
@@ -220,6 +224,23 @@ type Server struct {
 	dataLn     net.Listener
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
+}
+
+// favorDynMods applies --cgroup-favordynmods: without it every sandbox
+// create waits for an RCU grace period when the driver moves the sandbox's
+// processes into their cgroups (package cgroups, dynmods.go). A host that
+// cannot is logged and served as it is.
+func favorDynMods(cfg Config) {
+	if !cfg.CgroupFavorDynMods {
+		return
+	}
+	d, changed, err := cgroups.FavorDynMods()
+	switch {
+	case err != nil:
+		cfg.Logf("cgroups: %s not turned on (%v); each sandbox create may wait an RCU grace period (ms) to join its cgroups", cgroups.DynModsOption, err)
+	case changed:
+		cfg.Logf("cgroups: turned on %s for the cgroup v2 hierarchy at %s, host-wide (sandboxes join their cgroups without an RCU grace period; --cgroup-favordynmods=false leaves the host as it is)", cgroups.DynModsOption, d.Mount)
+	}
 }
 
 // pickDriver chooses the strongest driver this host supports and says why
@@ -544,6 +565,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg, err = withUIDPool(cfg); err != nil {
 		return nil, err
 	}
+	favorDynMods(cfg)
 	drv, driverReason, err := pickDataDirDriver(cfg, cfg.Logf, s.net)
 	if err != nil {
 		return nil, err
