@@ -83,7 +83,7 @@ var completionTable = map[string]completionVerb{
 	"keys":        {words: []string{"create", "list", "revoke", "help"}},
 	"certs":       {words: []string{"init", "issue"}},
 	"credentials": {words: []string{"rewrap"}},
-	"bench":       {flags: []string{"--json", "--out", "--driver", "--drivers", "--port-requests", "--port-clients", "--mem-snapshot-runs", "--mem-dirty-mb", "--mem-forks", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas", "--fleet-cycles", "--fleet-rounds", "--fleet-profile", "--fleet-bin"}},
+	"bench":       {flags: []string{"--json", "--out", "--driver", "--cgroup-favordynmods", "--drivers", "--port-requests", "--port-clients", "--mem-snapshot-runs", "--mem-dirty-mb", "--mem-forks", "--fleet", "--fleet-clients", "--fleet-nodes", "--fleet-replicas", "--fleet-cycles", "--fleet-rounds", "--fleet-profile", "--fleet-bin"}},
 	"doctor":      {flags: []string{"--data-dir", "--runsc", "--criu", "--json"}},
 	"operator":    {client: true, flags: []string{"--kubeconfig", "--api-key-file", "--namespace", "--workers", "--claim-workers", "--resync", "--leader-elect", "--leader-election-namespace", "--leader-lease-duration", "--leader-renew-period", "--webhook-listen", "--webhook-cert-dir", "--log-format", "--log-level"}},
 	"version":     {client: true, flags: []string{"--server"}},
