@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
+
+	"github.com/space-sandbox/space/internal/cgroups"
 )
 
 // The JSON document is an interface (scripts, docs): its keys are fixed.
@@ -84,5 +87,24 @@ func TestMountOfFindsDeepestMount(t *testing.T) {
 	}
 	if got := existingParent("/proc/definitely/not/here"); got != "/proc" {
 		t.Errorf("existingParent: %s", got)
+	}
+}
+
+// The cgroups check says whether favordynmods is on: without it every
+// create waits for an RCU grace period, which an operator should see.
+func TestCgroupLayoutShowsDynMods(t *testing.T) {
+	d, err := cgroups.ReadDynMods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Mount == "" {
+		t.Skip("no cgroup v2 mount on this host: nothing to show")
+	}
+	ok, detail := cgroupLayout()
+	if !ok {
+		t.Skipf("no usable cgroup layout here: %s", detail)
+	}
+	if !strings.HasSuffix(detail, "; "+d.String()) {
+		t.Errorf("cgroups detail %q does not end with the favordynmods state %q", detail, d.String())
 	}
 }
