@@ -51,18 +51,24 @@ func (d DynMods) String() string {
 
 // ReadDynMods reports the option's state from this process's mount table.
 func ReadDynMods() (DynMods, error) {
+	d, _, err := readDynMods()
+	return d, err
+}
+
+// readDynMods also returns the super options of the v2 mount.
+func readDynMods() (DynMods, []string, error) {
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return DynMods{}, fmt.Errorf("cgroups: %w", err)
+		return DynMods{}, nil, fmt.Errorf("cgroups: %w", err)
 	}
 	features, _ := os.ReadFile("/sys/kernel/cgroup/features")
 	return dynModsFromTables(mi, features)
 }
 
-func dynModsFromTables(mountinfo, features []byte) (DynMods, error) {
+func dynModsFromTables(mountinfo, features []byte) (DynMods, []string, error) {
 	ms, err := parseMountinfo(mountinfo)
 	if err != nil {
-		return DynMods{}, fmt.Errorf("cgroups: mountinfo: %w", err)
+		return DynMods{}, nil, fmt.Errorf("cgroups: mountinfo: %w", err)
 	}
 	var d DynMods
 	d.Supported = slices.Contains(strings.Fields(string(features)), DynModsOption)
@@ -70,10 +76,10 @@ func dynModsFromTables(mountinfo, features []byte) (DynMods, error) {
 		if m.v2 {
 			d.Mount = m.point
 			d.On = slices.Contains(m.opts, DynModsOption)
-			break
+			return d, m.opts, nil
 		}
 	}
-	return d, nil
+	return d, nil, nil
 }
 
 // cgroup2Data is the mount data of a cgroup2 mount that keeps the
@@ -102,7 +108,7 @@ func cgroup2Data(superOpts []string, extra ...string) string {
 // the host's cgroup namespace (the kernel ignores flags of a mount made in
 // another), and the result is read back from the mount table.
 func FavorDynMods() (DynMods, bool, error) {
-	before, err := ReadDynMods()
+	before, opts, err := readDynMods()
 	if err != nil {
 		return before, false, err
 	}
@@ -111,21 +117,6 @@ func FavorDynMods() (DynMods, bool, error) {
 	}
 	if before.Mount == "" || !before.Supported {
 		return before, false, fmt.Errorf("%w: %s", ErrDynModsUnsupported, before)
-	}
-	mi, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return before, false, fmt.Errorf("cgroups: %w", err)
-	}
-	ms, err := parseMountinfo(mi)
-	if err != nil {
-		return before, false, fmt.Errorf("cgroups: mountinfo: %w", err)
-	}
-	var opts []string
-	for _, m := range ms {
-		if m.v2 && m.point == before.Mount {
-			opts = m.opts
-			break
-		}
 	}
 	dir, err := os.MkdirTemp("", "space-cgroup2-")
 	if err != nil {

@@ -30,10 +30,14 @@ func TestDynModsFromTables(t *testing.T) {
 		{"old kernel", miHybrid, "nsdelegate\n", DynMods{Mount: "/sys/fs/cgroup/unified"}},
 		{"v1 only", miV1, features, DynMods{Supported: true}},
 	} {
-		got, err := dynModsFromTables([]byte(tc.mi), []byte(tc.features))
+		got, _, err := dynModsFromTables([]byte(tc.mi), []byte(tc.features))
 		if err != nil || got != tc.want {
 			t.Errorf("%s: got %+v, %v; want %+v", tc.name, got, err, tc.want)
 		}
+	}
+	// The v2 mount's own flags come back for the remount to keep.
+	if _, opts, _ := dynModsFromTables([]byte(miHybrid), []byte(features)); strings.Join(opts, ",") != "rw,nsdelegate" {
+		t.Errorf("hybrid: super options %q, want rw,nsdelegate", opts)
 	}
 }
 
