@@ -125,7 +125,7 @@ func TestCreateExecDestroy(t *testing.T) {
 			t.Errorf("%q missing from status", want)
 		}
 	}
-	if got := mustSh(t, inst, "grep -v '^0::' /proc/self/cgroup | grep -c -v ':/$' || true"); got != "0" {
+	if got := mustSh(t, inst, "grep -c -v ':/$' /proc/self/cgroup || true"); got != "0" {
 		t.Errorf("cgroup paths not namespaced:\n%s", mustSh(t, inst, "cat /proc/self/cgroup"))
 	}
 	// Fork and exec from a busybox (libc) shell work under the filter.
@@ -698,6 +698,18 @@ func TestForkHelper(t *testing.T) {
 			t.Errorf("DirectFork: PID 1's parent is %d (%q), want this process %d", parent, cmdline, os.Getpid())
 		case !direct && !bytes.Contains(cmdline, []byte("--spawner")):
 			t.Errorf("PID 1's parent is %d (%q), want the fork helper", parent, cmdline)
+		}
+		// Either way PID 1 is in its groups (cloned into them by the
+		// helper, moved there after a direct fork) and its cgroup
+		// namespace is rooted there.
+		hostView := hostRead(t, fmt.Sprintf("/proc/%d/cgroup", pid)) + "\n"
+		for _, dir := range d.cg.Paths("fork").Dirs {
+			if rel := dir[strings.LastIndex(dir, "/"+d.opts.CgroupBase+"/"):]; !strings.Contains(hostView, rel+"\n") {
+				t.Errorf("direct=%v: PID 1 not in %s:\n%s", direct, dir, hostView)
+			}
+		}
+		if got := mustSh(t, inst, "grep -c -v ':/$' /proc/1/cgroup || true"); got != "0" {
+			t.Errorf("direct=%v: cgroup paths not namespaced:\n%s", direct, mustSh(t, inst, "cat /proc/1/cgroup"))
 		}
 		// Closing the driver stops the helper, not the sandbox it forked.
 		d.Close()
