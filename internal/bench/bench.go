@@ -197,17 +197,19 @@ type Check struct {
 
 // Result is everything one run measured.
 type Result struct {
-	Date    time.Time     `json:"date"`
-	Machine Machine       `json:"machine"`
-	Driver  string        `json:"driver"`
-	Config  Config        `json:"config"`
-	Cold    *ColdResult   `json:"cold,omitempty"`
-	Warm    *WarmResult   `json:"warm,omitempty"`
-	Exec    *Summary      `json:"exec_true,omitempty"`
-	Stdout  *StdoutResult `json:"stdout,omitempty"`
-	Idle    *IdleResult   `json:"idle,omitempty"`
-	Crun    *CrunResult   `json:"crun,omitempty"`
-	Ports   *PortsResult  `json:"ports,omitempty"`
+	Date    time.Time   `json:"date"`
+	Machine Machine     `json:"machine"`
+	Driver  string      `json:"driver"`
+	Config  Config      `json:"config"`
+	Cold    *ColdResult `json:"cold,omitempty"`
+	Warm    *WarmResult `json:"warm,omitempty"`
+	Exec    *Summary    `json:"exec_true,omitempty"`
+	// ExecHost is the same /bin/true run on the host (RunHostTrue).
+	ExecHost *Summary      `json:"exec_true_host,omitempty"`
+	Stdout   *StdoutResult `json:"stdout,omitempty"`
+	Idle     *IdleResult   `json:"idle,omitempty"`
+	Crun     *CrunResult   `json:"crun,omitempty"`
+	Ports    *PortsResult  `json:"ports,omitempty"`
 	// Concurrency is the full-cycle phase, one entry per client count.
 	Concurrency []ConcurrencyLevel `json:"concurrency,omitempty"`
 	Checks      []Check            `json:"checks"`
@@ -252,6 +254,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	phase("warm-pool create", cfg.N <= 0 || cfg.WarmPool <= 0, func() (err error) { res.Warm, err = runWarm(ctx, env, cfg.N); return })
 	phase("exec round trips and stdout", cfg.ExecRuns <= 0 && cfg.StdoutRuns <= 0, func() (err error) {
 		res.Exec, res.Stdout, err = runExec(ctx, env, cfg)
+		return
+	})
+	phase("the same `true` on the host", cfg.ExecRuns <= 0, func() (err error) {
+		res.ExecHost, err = RunHostTrue(ctx, env.RootfsDir, min(cfg.ExecRuns, 500))
 		return
 	})
 	phase("concurrent full cycles", len(cfg.Clients) == 0, func() (err error) {

@@ -312,6 +312,9 @@ func TestSmokeEveryPart(t *testing.T) {
 	if res.Exec == nil || res.Exec.N != 2 {
 		t.Errorf("exec: %+v", res.Exec)
 	}
+	if res.ExecHost == nil || res.ExecHost.N != 2 || res.ExecHost.P50 <= 0 {
+		t.Errorf("exec floor (true on the host): %+v", res.ExecHost)
+	}
 	if s := res.Stdout; s == nil || len(s.MBps) != 1 || s.ReplayMBps <= 0 || s.LargeWritesMBps <= 0 || len(s.FramesLargeWritesMBps) != 1 {
 		t.Errorf("stdout part incomplete: %+v", s)
 	}
@@ -344,7 +347,7 @@ func TestSmokeEveryPart(t *testing.T) {
 	if err := WriteCompare(&b, res, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"cold create→ready", "concurrent full cycles", "forwarded port", "change against", "+0.0 %"} {
+	for _, want := range []string{"cold create→ready", "concurrent full cycles", "forwarded port", "change against", "+0.0 %", "the same /bin/true run on the host", "`true` on the host p50"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}

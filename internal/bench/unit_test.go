@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -248,6 +249,43 @@ func TestSummarizeShares(t *testing.T) {
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("share %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// TestResolveIn follows links as a sandbox sees them: absolute targets
+// from the tree's root, and never out of it.
+func TestResolveIn(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"bin", "usr/bin"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	links := map[string]string{
+		"bin/true":     "/bin/busybox",           // absolute: from root
+		"usr/bin/true": "../../bin/true",         // relative, through another link
+		"bin/escape":   "../../../../etc/passwd", // climbs: stays at root
+		"bin/loop":     "/bin/loop",
+		"bin/dir":      "/usr",
+	}
+	for l, target := range links {
+		if err := os.Symlink(target, filepath.Join(root, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"/bin/true", "usr/bin/true", "/bin/busybox"} {
+		got, err := resolveIn(root, p)
+		if err != nil || got != filepath.Join(root, "bin/busybox") {
+			t.Errorf("resolveIn(%q) = %q, %v; want the tree's bin/busybox", p, got, err)
+		}
+	}
+	for _, p := range []string{"/bin/escape", "/bin/loop", "/bin/dir", "/bin/none"} {
+		if got, err := resolveIn(root, p); err == nil {
+			t.Errorf("resolveIn(%q) = %q, want an error", p, got)
 		}
 	}
 }
