@@ -21,12 +21,14 @@ import (
 
 // Hooks are what the caller plugs into Run.
 type Hooks struct {
-	// Harden, if set, runs after the filesystem is built and before the
-	// seccomp filter is installed (e.g. agent.HardenSelf). It must check
-	// that what it promises took effect: an error aborts the sandbox and is
-	// reported to the host, which refuses to start it. As PID 1 the process must
-	// catch SIGTERM & co. here (the Go runtime would otherwise exit on them
-	// and take the sandbox down); agent.HardenSelf does.
+	// Harden, if set, runs first, while the host still places init in its
+	// cgroups (e.g. agent.HardenSelf): what it does (signals, dumpable,
+	// the capability bounding set) must not depend on the host's part or
+	// on the sandbox's tree. It must check that what it promises took
+	// effect: an error aborts the sandbox and is reported to the host,
+	// which refuses to start it. As PID 1 the process must catch SIGTERM &
+	// co. here (the Go runtime would otherwise exit on them and take the
+	// sandbox down); agent.HardenSelf does.
 	Harden func() error
 	// Serve runs the agent on the listener the host passed; Run returns
 	// what it returns. It is called after the host was told the sandbox is
@@ -65,20 +67,33 @@ func Run(ctx context.Context, cfg Config, h Hooks) error {
 		return err
 	}
 
+	// Harden while the host does its part (it used to wait for the
+	// filesystem; it needs none of it), so the two overlap.
+	var t Timings
+	var hardenErr error
+	if h.Harden != nil {
+		start := time.Now()
+		hardenErr = h.Harden()
+		t.Harden = time.Since(start)
+	}
+
 	// Wait until the host has put us in our cgroups: the cgroup namespace
 	// below must be rooted there. EOF means the host died or gave up;
-	// there is nobody to report to.
+	// there is nobody to report to. A failure before this point is
+	// reported after it, so the host's release write does not fail first.
 	var b [1]byte
 	n, err := syncf.Read(b[:])
 	_ = syncf.Close()
 	if n != 1 {
 		return fmt.Errorf("sandboxinit: host went away before setup (%v)", err)
 	}
+	if hardenErr != nil {
+		return fail(fmt.Errorf("sandboxinit: harden: %w", hardenErr))
+	}
 	if err := cfg.Validate(); err != nil {
 		return fail(err)
 	}
 
-	var t Timings
 	if err := setup(cfg, &t, h.Logf); err != nil {
 		return fail(err)
 	}
@@ -86,14 +101,6 @@ func Run(ctx context.Context, cfg Config, h Hooks) error {
 	_ = lnFile.Close()
 	if err != nil {
 		return fail(fmt.Errorf("sandboxinit: listener: %w", err))
-	}
-	if h.Harden != nil {
-		start := time.Now()
-		if err := h.Harden(); err != nil {
-			_ = l.Close()
-			return fail(fmt.Errorf("sandboxinit: harden: %w", err))
-		}
-		t.Harden = time.Since(start)
 	}
 	start := time.Now()
 	// Install checks every thread's no_new_privs and filter afterwards.
