@@ -1,8 +1,10 @@
 package agent_test
 
 import (
+	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,19 +30,27 @@ func TestHardenSelf(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("dropping from the capability bounding set needs CAP_SETPCAP (root)")
 	}
-	a := startAgent(t, agent.Options{})
-	res := run(t, a, agent.ProcessSpec{
-		Argv:      []string{os.Args[0], "-test.run=^TestHardenSelf$", "-test.count=1", "-test.v"},
-		Env:       map[string]string{hardenEnv: "1", agent.ReaperModeEnv: "pid"},
-		TimeoutMs: 60000,
-	})
-	out := res.stdout.String() + res.stderr.String()
-	if res.exit.Code != 0 || !strings.Contains(out, "--- PASS: TestHardenSelf") {
-		t.Errorf("hardened child: exit %+v\n%s", res.exit, out)
+	// The child is what the agent is in a sandbox: PID 1 of a PID
+	// namespace, which the kernel sends no signal it has no handler for.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHardenSelf$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), hardenEnv+"=1", agent.ReaperModeEnv+"=pid")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestHardenSelf") {
+		t.Errorf("hardened child: %v\n%s", err, out)
 	}
 }
 
 func hardenedChild(t *testing.T) {
+	// Its own /proc, so pids it reads and writes there are its namespace's.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		t.Fatal(err)
+	}
 	// The host makes the agent OOM-proof; commands must not inherit it.
 	// Lowering the score needs CAP_SYS_RESOURCE, which a container's root
 	// may lack; then the check below is vacuous but still runs.

@@ -732,3 +732,41 @@ func TestForkHelper(t *testing.T) {
 		assertGone(t, d, "fork", pid)
 	}
 }
+
+// TestSignalsToPID1: root in the sandbox sends PID 1 every termination
+// signal; the agent has none of them caught (the kernel then delivers
+// them to a namespace's init not at all) and keeps serving.
+func TestSignalsToPID1(t *testing.T) {
+	requireSandbox(t)
+	d := newDriver(t, testOptions(t))
+	inst := create(t, d, "sig", driver.Limits{})
+	defer inst.Destroy(testCtx(t))
+	if got := mustSh(t, inst, "grep -E '^Sig(Cgt|Ign)' /proc/1/status"); !strings.Contains(got, "SigCgt:") {
+		t.Fatalf("PID 1 status: %q", got)
+	} else {
+		for _, line := range strings.Split(got, "\n") {
+			_, hex, _ := strings.Cut(line, ":")
+			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE} {
+				if v&(1<<(sig-1)) != 0 {
+					t.Errorf("PID 1 has %v in %q", sig, line)
+				}
+			}
+		}
+	}
+	out := mustSh(t, inst, "for s in TERM INT HUP QUIT USR1 USR2 PIPE; do kill -s $s 1 || echo refused $s; done; sleep 0.2; echo sent")
+	if out != "sent" {
+		t.Errorf("kill: %q", out)
+	}
+	if got := mustSh(t, inst, "echo alive"); got != "alive" {
+		t.Errorf("after the signals: %q", got)
+	}
+	select {
+	case <-inst.proc.done:
+		t.Fatal("PID 1 exited")
+	default:
+	}
+}
