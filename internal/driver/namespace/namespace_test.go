@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -127,6 +128,13 @@ func TestCreateExecDestroy(t *testing.T) {
 	}
 	if got := mustSh(t, inst, "grep -c -v ':/$' /proc/self/cgroup || true"); got != "0" {
 		t.Errorf("cgroup paths not namespaced:\n%s", mustSh(t, inst, "cat /proc/self/cgroup"))
+	}
+	// PID 1 runs with one P (agentEnv); its commands do not inherit that.
+	if env := hostRead(t, fmt.Sprintf("/proc/%d/environ", inst.PID())); !slices.Contains(strings.Split(env, "\x00"), "GOMAXPROCS=1") {
+		t.Errorf("PID 1's environment lacks GOMAXPROCS=1: %q", env)
+	}
+	if got := mustSh(t, inst, "env | grep -c ^GOMAXPROCS= || true"); got != "0" {
+		t.Errorf("a command inherited the agent's GOMAXPROCS:\n%s", mustSh(t, inst, "env"))
 	}
 	// Fork and exec from a busybox (libc) shell work under the filter.
 	if got := mustSh(t, inst, "sleep 0 & wait; (echo sub) | cat"); got != "sub" {
@@ -768,5 +776,23 @@ func TestSignalsToPID1(t *testing.T) {
 	case <-inst.proc.done:
 		t.Fatal("PID 1 exited")
 	default:
+	}
+}
+
+func TestAgentEnv(t *testing.T) {
+	base := make([]string, 2, 4)
+	copy(base, []string{"PATH=/bin", "HOME=/root"})
+	got := agentEnv(base)
+	if want := []string{"PATH=/bin", "HOME=/root", "GOMAXPROCS=1"}; !slices.Equal(got, want) {
+		t.Errorf("agentEnv(%q) = %q, want %q", base, got, want)
+	}
+	// The caller's backing array is not written to.
+	if spare := base[:3]; spare[2] != "" {
+		t.Errorf("agentEnv wrote into the caller's slice: %q", spare)
+	}
+	// An operator's own setting wins and is not duplicated.
+	own := []string{"GOMAXPROCS=2", "PATH=/bin"}
+	if got := agentEnv(own); !slices.Equal(got, own) {
+		t.Errorf("agentEnv(%q) = %q", own, got)
 	}
 }
