@@ -60,6 +60,21 @@ type Config struct {
 	ShmBytes int64
 }
 
+// OverlayOptions are the mount options of the sandbox's root overlay, the
+// same wherever it is mounted (by init, or by the host for a restore, so
+// mountinfo inside reads the same). userxattr: mounted in the sandbox's
+// user namespace. volatile: the upper layer is never synced by the
+// overlay, so an unmount (every delete) does not sync the whole host
+// filesystem that holds it and wait for that, and the sandbox's own
+// fsync calls do not reach the disk. A sandbox's writable layer does not
+// outlive a host crash anyway: pause and fork keep their state in the
+// snapshot store, which syncs what it writes (internal/snapshot), and a
+// restore mounts a fresh layer and work dir (a volatile overlay leaves a
+// marker in its work dir that refuses a second mount of the same one).
+func (c Config) OverlayOptions() string {
+	return "lowerdir=" + c.Rootfs + ",upperdir=" + c.Upper + ",workdir=" + c.Work + ",userxattr,volatile"
+}
+
 // DefaultShmBytes is /dev/shm's size when the host names none (Docker's).
 const DefaultShmBytes = 64 << 20
 

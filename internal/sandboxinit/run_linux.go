@@ -200,7 +200,7 @@ func mountAll(cfg Config, logf func(string, ...any)) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("sandboxinit: make / private: %w", err)
 	}
-	opts := "lowerdir=" + cfg.Rootfs + ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work + ",userxattr"
+	opts := cfg.OverlayOptions()
 	if err := unix.Mount("overlay", cfg.Merged, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("sandboxinit: mount overlay (%s): %w", opts, err)
 	}

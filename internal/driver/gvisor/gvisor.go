@@ -457,7 +457,10 @@ func (d *Driver) create(ctx context.Context, spec driver.Spec, imageDir string) 
 		}
 		undo.push(func() { _ = unix.Unmount(lower, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW) })
 	}
-	data := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	// volatile: a delete's unmount does not sync the whole host filesystem
+	// that holds the upper layer (see sandboxinit.Config.OverlayOptions;
+	// a restore, like a create, mounts a fresh layer and work dir).
+	data := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",volatile"
 	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NODEV, data); err != nil {
 		return nil, fmt.Errorf("gvisor: mount overlay: %w", err)
 	}

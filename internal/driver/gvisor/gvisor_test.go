@@ -40,6 +40,24 @@ func TestIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host's overlay is volatile: a delete does not sync the host's
+	// filesystem.
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 3 && f[2] == "overlay" && strings.Contains(f[3], "upperdir="+layer.Dir+",") {
+			found = true
+			if !strings.Contains(","+f[3]+",", ",volatile,") && !strings.Contains(f[3], ",fsync=volatile") {
+				t.Errorf("sandbox overlay not volatile: %s", line)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no overlay with upperdir %s in the host's mounts", layer.Dir)
+	}
 	var st os.FileInfo
 	if st, err = os.Lstat(filepath.Join(layer.Dir, "root/f")); err != nil {
 		t.Fatal(err)

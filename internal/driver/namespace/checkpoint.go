@@ -795,7 +795,7 @@ func mountOverlay(dir string, cfg sandboxinit.Config) error {
 			errc <- err
 			return
 		}
-		opts := "lowerdir=" + cfg.Rootfs + ",upperdir=" + cfg.Upper + ",workdir=" + cfg.Work + ",userxattr"
+		opts := cfg.OverlayOptions()
 		if err := unix.Mount("overlay", cfg.Merged, "overlay", 0, opts); err != nil {
 			errc <- fmt.Errorf("mount overlay (%s): %w", opts, err)
 			return

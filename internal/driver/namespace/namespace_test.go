@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -99,6 +100,12 @@ func TestCreateExecDestroy(t *testing.T) {
 	}
 	if !strings.Contains(inside, "lowerdir=lower,upperdir=upper,workdir=work") {
 		t.Errorf("overlay options inside:\n%s", inside)
+	}
+	// The writable layer is volatile: a delete does not sync the host's
+	// filesystem (sandboxinit.Config.OverlayOptions). Linux 6.x shows the
+	// option as fsync=volatile, older kernels as volatile.
+	if !regexp.MustCompile(`(?m)^overlay / overlay \S*,(fsync=)?volatile\b`).MatchString(inside) {
+		t.Errorf("root overlay not mounted volatile:\n%s", inside)
 	}
 	if exe, err := os.Readlink("/proc/" + strconv.Itoa(inst.proc.pid) + "/exe"); err != nil || !strings.HasPrefix(exe, "/memfd:space-agent") {
 		t.Errorf("PID 1 runs %q (%v), want the agent's memfd", exe, err)
