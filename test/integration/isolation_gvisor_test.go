@@ -219,6 +219,21 @@ func gvisorLeftovers(e *env, inst string) []string {
 	return out
 }
 
+// logLines is the server log's lines that hold every one of subs.
+func logLines(e *env, subs ...string) string {
+	var out []string
+	for _, l := range strings.Split(e.LogTail(64<<20), "\n") {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(l, s)
+		}
+		if all {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // sandboxState is the state and reason the API reports for a sandbox.
 func sandboxState(t *testing.T, e *env, id string) (string, string) {
 	t.Helper()
@@ -395,6 +410,7 @@ func gvisorForkBombDefaults(t *testing.T, e *env) {
 		t.Fatalf("the bomb's command has no exit event")
 	}
 	t.Logf("host tasks of the sandbox peaked at %d; the bomb's command ended: %+v", peak, ex)
+	t.Logf("the memory guard's log:\n%s", logLines(e, sb.ID, "memory guard"))
 	if !ex.OOMKilled {
 		t.Errorf("the bomb's command ended %+v, want oom_killed (by the memory guard)", ex)
 	}

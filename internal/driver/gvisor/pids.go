@@ -3,6 +3,7 @@ package gvisor
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -121,18 +122,25 @@ func (i *Instance) setSandboxPids(ctx context.Context, n int64) error {
 	return fmt.Errorf("set in-sandbox pids limit: agent answered %d: %s", code, strings.TrimSpace(msg))
 }
 
+// errNotSent marks an agentRequest that failed before any of the request
+// reached the agent, so the agent cannot have acted on it.
+var errNotSent = errors.New("request not sent")
+
 // agentRequest makes one HTTP request on a new connection to the agent.
 func (i *Instance) agentRequest(ctx context.Context, method, path, body string) (int, string, error) {
 	c, err := i.Dial(ctx)
 	if err != nil {
-		return 0, "", err
+		return 0, "", fmt.Errorf("%w: %w", errNotSent, err)
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
 	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: agent\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", method, path, len(body), body)
-	if _, err := io.WriteString(c, req); err != nil {
+	if n, err := io.WriteString(c, req); err != nil {
+		if n == 0 {
+			err = fmt.Errorf("%w: %w", errNotSent, err)
+		}
 		return 0, "", err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
