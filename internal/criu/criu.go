@@ -167,16 +167,41 @@ type DumpOptions struct {
 	FreezeCgroup string
 	// Args are more CRIU options.
 	Args []string
+	// Overrun is how long CRIU may go on after ctx ends before it is
+	// killed (default DefaultOverrun); see Dump.
+	Overrun time.Duration
 }
+
+// DefaultOverrun is DumpOptions.Overrun's default.
+const DefaultOverrun = 30 * time.Second
+
+// seizeTimeout is CRIU's own default bound on collecting the tree.
+const seizeTimeout = 10 * time.Second
 
 // Dump checkpoints the tree rooted at o.PID into o.ImageDir. Established
 // TCP connections are not saved (--tcp-close): a restored tree sees them
 // closed, while listening sockets come back. The network is not locked
 // (--network-lock skip): nothing is saved that a lock would protect.
 // CRIU's log is o.ImageDir/dump.log; an error quotes its error lines.
+//
+// ctx bounds the dump without killing CRIU at its end: CRIU killed while
+// it injects or runs its parasite code in a task leaves that task to
+// crash or hang (a sandbox's PID 1 died of a dump cut at its deadline).
+// So ctx's deadline becomes CRIU's own --timeout for collecting the tree,
+// which it abandons cleanly, and a dump under way when ctx ends runs to
+// its end; only one still running o.Overrun after that is killed.
 func Dump(ctx context.Context, path string, o DumpOptions) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("criu dump of %d: %w", o.PID, err)
+	}
 	args := []string{"dump", "-t", strconv.Itoa(o.PID), "-D", o.ImageDir, "-o", "dump.log", "-v2",
 		"--tcp-close", "--network-lock", "skip"}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < seizeTimeout {
+			// Whole seconds, at least one: CRIU's unit.
+			args = append(args, "--timeout", strconv.Itoa(int(max(1, (left+time.Second-1)/time.Second))))
+		}
+	}
 	if o.LeaveRunning {
 		args = append(args, "--leave-running")
 	}
@@ -190,12 +215,35 @@ func Dump(ctx context.Context, path string, o DumpOptions) error {
 		args = append(args, "--external", f.Key())
 	}
 	args = append(args, o.Args...)
-	cmd := command(ctx, path, args...)
-	// Killed when ctx ends; a helper it left holding the output pipe
-	// must not keep the caller waiting.
+	overrun := o.Overrun
+	if overrun <= 0 {
+		overrun = DefaultOverrun
+	}
+	run, kill := context.WithCancel(context.WithoutCancel(ctx))
+	defer kill()
+	overran := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(overrun)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			close(overran)
+			kill()
+		case <-run.Done():
+		}
+	})
+	defer stop()
+	cmd := command(run, path, args...)
+	// Killed only past the overrun; a helper it left holding the output
+	// pipe must not keep the caller waiting.
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
+		select {
+		case <-overran:
+			err = fmt.Errorf("still dumping %v after its deadline, killed (%w): %w", overrun, ctx.Err(), err)
+		default:
+		}
 		return fmt.Errorf("criu dump of %d: %w: %s", o.PID, err, logErrors(filepath.Join(o.ImageDir, "dump.log"), out))
 	}
 	return nil

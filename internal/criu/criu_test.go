@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -514,4 +515,78 @@ func TestKdatCache(t *testing.T) {
 	if !bytes.Contains(out, []byte("Loaded kdat cache from "+filepath.Join(dir, "criu.kdat"))) {
 		t.Errorf("criu check did not load the cache from %s: %s", dir, errorLines(string(out), 3))
 	}
+}
+
+// TestDumpCutShort: dumps whose context ends at points spread over a whole
+// dump (seizing, the parasite, writing pages) leave the tree running: its
+// counter goes on. CRIU is not killed at the context's end (killed while
+// its parasite was in a sandbox's PID 1, it killed the sandbox), so a dump
+// under way then completes; one that overruns its Overrun is killed.
+func TestDumpCutShort(t *testing.T) {
+	path := requireCRIU(t)
+	tr := newTree(t)
+	waitCounter(t, tr.pid, 3)
+	dump := func(d, overrun time.Duration) (time.Duration, error) {
+		img := t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		t0 := time.Now()
+		err := Dump(ctx, path, DumpOptions{PID: tr.pid, ImageDir: img, LeaveRunning: true, Overrun: overrun,
+			ExternalMounts: map[string]string{"/dev/null": "dev-null"}, ExternalFiles: mustExternal(t, tr.pid)})
+		return time.Since(t0), err
+	}
+	full, err := dump(time.Minute, 0)
+	if err != nil {
+		t.Fatalf("a whole dump: %v", err)
+	}
+	t.Logf("a whole dump takes %v", full.Round(time.Millisecond))
+	cut, late := 0, 0
+	for round := range 3 {
+		for step := 1; step <= 12; step++ {
+			limit := full * time.Duration(step) / 10
+			took, err := dump(limit, 0)
+			cut++
+			if err != nil {
+				t.Errorf("round %d: a dump cut at %v failed after %v: %v", round, limit, took.Round(time.Millisecond), err)
+			} else if took > limit {
+				late++
+			}
+			n0, _ := counter(tr.pid)
+			deadline := time.Now().Add(3 * time.Second)
+			for {
+				n1, err1 := counter(tr.pid)
+				if err1 == nil && n1 > n0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: a dump cut at %v (took %v: %v) left the tree standing still: counter %d then %d, %v",
+						round, limit, took.Round(time.Millisecond), err, n0, n1, err1)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	t.Logf("%d dumps with a deadline inside the dump, %d of them completed after it", cut, late)
+	if late == 0 {
+		t.Errorf("no dump outlived its context: they were cut, not left to complete")
+	}
+	// The backstop: a dump still running its Overrun after the deadline is
+	// killed and says so. (This may harm the tree: it is the last one.)
+	took, err := dump(time.Millisecond*5, time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "after its deadline, killed") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a dump past its overrun: %v (after %v), want it killed", err, took)
+	}
+	if took > full+5*time.Second {
+		t.Errorf("a dump past its overrun returned after %v", took)
+	}
+	t.Logf("past its overrun: %v after %v", err, took.Round(time.Millisecond))
+}
+
+func mustExternal(t *testing.T, pid int) []ExternalFile {
+	t.Helper()
+	ext, err := ExternalFiles(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ext
 }

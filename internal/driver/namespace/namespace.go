@@ -115,7 +115,8 @@ type Options struct {
 	// max(2, CPUs) dumps run at once) and then the checkpoint itself (the
 	// agent's listener handoff and CRIU's dump); default 60s each. One
 	// that runs out fails and leaves the sandbox running with its
-	// listener back.
+	// listener back; a CRIU dump under way when it runs out is left to
+	// finish (criu.Dump).
 	CheckpointTimeout time.Duration
 	// SpawnerArgs run AgentPath as the fork helper (internal/spawner)
 	// that starts every sandbox's PID 1; default ["agent", "--spawner"].
