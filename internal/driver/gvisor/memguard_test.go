@@ -102,20 +102,20 @@ func TestGuardKillCounts(t *testing.T) {
 			t.Errorf("log %q does not say the request did not reach the agent", log.String())
 		}
 	})
-	t.Run("killed", func(t *testing.T) {
-		sock, _ := fakeAgent(t, answerJSON(`{"killed":1022}`))
-		i, _ := guardInstance(t, sock)
-		i.guardKill(5*time.Second, st)
-		if n := i.guardKills.Load(); n != 1 {
-			t.Errorf("an answered kill of 1022 tasks counted %d times, want 1", n)
-		}
-	})
-	t.Run("nothing-to-kill", func(t *testing.T) {
-		sock, _ := fakeAgent(t, answerJSON(`{"killed":0}`))
-		i, _ := guardInstance(t, sock)
-		i.guardKill(5*time.Second, st)
-		if n := i.guardKills.Load(); n != 0 {
-			t.Errorf("a kill of an empty group counted %d times, want 0", n)
-		}
-	})
+	for _, c := range []struct {
+		name, answer string
+		want         uint64
+	}{
+		{"killed", `{"killed":1022}`, 1},       // an answered kill of the commands
+		{"nothing-to-kill", `{"killed":0}`, 0}, // the commands' group was empty
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sock, _ := fakeAgent(t, answerJSON(c.answer))
+			i, _ := guardInstance(t, sock)
+			i.guardKill(5*time.Second, st)
+			if n := i.guardKills.Load(); n != c.want {
+				t.Errorf("the agent answered %s: counted %d kills, want %d", c.answer, n, c.want)
+			}
+		})
+	}
 }
