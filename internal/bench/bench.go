@@ -66,8 +66,16 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{N: 100, Idle: 500, IdleConcurrency: 4, ExecRuns: 200, StdoutBytes: 256 << 20,
 		StdoutRuns: 3, WarmPool: 4, CrunRuns: 50, PortRequests: defaultPortRequests, PortClients: 8,
-		Clients: []int{1, 4, 16, 32}, ClientCycles: 3, FavorDynMods: true}
+		Clients: []int{1, 4, 16, 32}, ClientCycles: defaultClientCycles, FavorDynMods: true}
 }
+
+// defaultClientCycles is the cycles each client runs per level. A level's
+// rate is its cycles over its wall time, and that time ends with the last
+// cycles running beside fewer than n others. At 3 a client a level was
+// three cycles long (48 cycles in half a second at 16 clients), so that
+// end weighed on the rate (about 5 % at 16 clients in interleaved runs)
+// and its p99 rested on 48 cycles; 12 costs a few seconds more a run.
+const defaultClientCycles = 12
 
 // MaxSandboxes bounds how many sandboxes one run may have alive at once.
 const MaxSandboxes = 600
