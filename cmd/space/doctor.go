@@ -14,7 +14,7 @@ import (
 
 func runDoctor(args []string) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
-	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "the data dir whose filesystem the disk-quota check looks at")
+	dataDir := fs.String("data-dir", server.DefaultConfig().DataDir, "the data dir whose filesystem the disk-quota and journal checks look at")
 	runsc := fs.String("runsc", "", "runsc binary, as space server --runsc (default: scripts/runsc.sh's pinned build, then PATH)")
 	criuBin := fs.String("criu", "", "CRIU binary (default: $SPACE_CRIU, scripts/criu.sh's pinned build, then PATH)")
 	asJSON := fs.Bool("json", false, "print JSON")

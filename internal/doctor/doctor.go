@@ -1,7 +1,7 @@
 // Package doctor reports what a host offers SPACE: KVM, runsc, qemu and
 // firecracker, the cgroup layout, nftables, user namespaces, overlayfs,
-// disk quota support on the data dir's filesystem, /dev/net/tun and
-// /dev/fuse. `space doctor` prints it with the driver `auto` picks (that
+// disk quota support on the data dir's filesystem and whether it has a
+// journal, /dev/net/tun and /dev/fuse. `space doctor` prints it with the driver `auto` picks (that
 // part is the server's own selection, internal/server.ExplainAuto).
 package doctor
 
@@ -65,7 +65,7 @@ type Driver struct {
 
 // CheckNames are the checks Probe makes, in order.
 var CheckNames = []string{"root", "kvm", "firecracker", "qemu", "runsc", "criu", "cgroups", "user_namespaces", "overlayfs",
-	"nftables", "tun", "fuse", "disk_quota", "loop_devices", "mmdebstrap"}
+	"nftables", "tun", "fuse", "disk_quota", "data_dir_fs", "loop_devices", "mmdebstrap"}
 
 // Options configure Probe.
 type Options struct {
@@ -122,6 +122,8 @@ func Probe(ctx context.Context, o Options) Report {
 		detail += "; disk limits use an ext4 image per sandbox instead (loop_devices)"
 	}
 	add("disk_quota", "project quotas on the data dir (informational: disk limits use loop_devices)", ok, detail)
+	ok, detail = dataDirFS(o.DataDir)
+	add("data_dir_fs", "sandbox creates and deletes (their directories under the data dir)", ok, detail)
 	ok, detail = loopDevices()
 	add("loop_devices", "an ext4 image per sandbox (a disk limit without project quotas); VM drivers' disks", ok, detail)
 	ok, detail = binary(ctx, "mmdebstrap", "--version")
@@ -281,20 +283,27 @@ func existingParent(dir string) string {
 	}
 }
 
-// mountOf returns the mountinfo entry of the filesystem holding path:
-// mount point, filesystem type, source, and the mount and super options.
-func mountOf(path string) (point, fstype, source, opts string, err error) {
+// mount is a mountinfo entry.
+type mount struct {
+	point, fstype, source string
+	opts                  string // the mount's and the superblock's options
+	dev                   string // major:minor
+}
+
+// mountOf returns the mountinfo entry of the filesystem holding path.
+func mountOf(path string) (mount, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", "", "", "", err
+		return mount{}, err
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return "", "", "", "", err
+		return mount{}, err
 	}
 	if r, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = r
 	}
+	var m mount
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -304,15 +313,15 @@ func mountOf(path string) (point, fstype, source, opts string, err error) {
 		}
 		mp := unescape(f[4])
 		if abs == mp || mp == "/" || strings.HasPrefix(abs, mp+"/") {
-			if len(mp) >= len(point) { // the deepest (and, among equals, the last) mount wins
-				point, fstype, source, opts = mp, g[0], g[1], f[5]+","+g[2]
+			if len(mp) >= len(m.point) { // the deepest (and, among equals, the last) mount wins
+				m = mount{point: mp, fstype: g[0], source: g[1], opts: f[5] + "," + g[2], dev: f[2]}
 			}
 		}
 	}
-	if point == "" {
-		return "", "", "", "", fmt.Errorf("no mount holds %s", abs)
+	if m.point == "" {
+		return mount{}, fmt.Errorf("no mount holds %s", abs)
 	}
-	return point, fstype, source, opts, nil
+	return m, nil
 }
 
 func unescape(s string) string {
@@ -324,12 +333,13 @@ func unescape(s string) string {
 // sandbox's writable layer by itself (project quotas), and how.
 func diskQuota(ctx context.Context, dataDir string) (bool, string) {
 	at := existingParent(dataDir)
-	point, fstype, source, opts, err := mountOf(at)
+	m, err := mountOf(at)
 	if err != nil {
 		return false, errText(err)
 	}
+	point, fstype, source := m.point, m.fstype, m.source
 	has := func(o ...string) bool {
-		for _, x := range strings.Split(opts, ",") {
+		for _, x := range strings.Split(m.opts, ",") {
 			for _, want := range o {
 				if x == want {
 					return true
@@ -364,6 +374,41 @@ func diskQuota(ctx context.Context, dataDir string) (bool, string) {
 		return false, where + ": tmpfs (a size= per mount limits it, no per-directory quota)"
 	}
 	return false, where + ": no project quota support known for " + fstype
+}
+
+// dataDirFS says whether the data dir's filesystem keeps the churn of
+// sandbox directories cheap. ext4 without a journal does not: its inode
+// allocator skips every inode deleted in the last minute (six while the
+// inode's table block is dirty) and reads each to find out, so a node's
+// creates slow down the more it has deleted (docs/operations.md).
+func dataDirFS(dataDir string) (bool, string) {
+	at := existingParent(dataDir)
+	m, err := mountOf(at)
+	if err != nil {
+		return false, errText(err)
+	}
+	where := fmt.Sprintf("%s on %s (%s, from %s)", at, m.point, m.fstype, m.source)
+	if m.fstype != "ext4" {
+		return true, where
+	}
+	switch journal := ext4Journal(m.dev); journal {
+	case "":
+		return true, where + ": ext4 (whether it has a journal is not known here)"
+	case "<none>":
+		return false, where + ": ext4 without a journal: inode allocation skips every recently deleted inode, so creates slow down on a busy node (use a journaled ext4 or XFS, docs/operations.md)"
+	default:
+		return true, where + ": ext4 with a journal"
+	}
+}
+
+// ext4Journal is the ext4 filesystem on block device dev (major:minor)'s
+// journal_task in sysfs: a pid, "<none>" for no journal, "" if unknown.
+func ext4Journal(dev string) string {
+	link, err := os.Readlink("/sys/dev/block/" + dev)
+	if err != nil {
+		return ""
+	}
+	return readTrim(filepath.Join("/sys/fs/ext4", filepath.Base(link), "journal_task"))
 }
 
 // ext4Features is tune2fs -l's feature list of dev, "" if it cannot be read.

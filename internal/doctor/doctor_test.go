@@ -3,6 +3,9 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -78,12 +81,12 @@ func TestProbeMakesEveryCheck(t *testing.T) {
 }
 
 func TestMountOfFindsDeepestMount(t *testing.T) {
-	point, fstype, _, _, err := mountOf("/proc/self")
+	m, err := mountOf("/proc/self")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if point != "/proc" || fstype != "proc" {
-		t.Errorf("/proc/self is on %s (%s), want /proc (proc)", point, fstype)
+	if m.point != "/proc" || m.fstype != "proc" || m.dev == "" {
+		t.Errorf("/proc/self is on %+v, want /proc (proc) with a device", m)
 	}
 	if got := existingParent("/proc/definitely/not/here"); got != "/proc" {
 		t.Errorf("existingParent: %s", got)
@@ -106,5 +109,56 @@ func TestCgroupLayoutShowsDynMods(t *testing.T) {
 	}
 	if !strings.HasSuffix(detail, "; "+d.String()) {
 		t.Errorf("cgroups detail %q does not end with the favordynmods state %q", detail, d.String())
+	}
+}
+
+// data_dir_fs tells an ext4 without a journal from one with it, on real
+// loop-mounted filesystems the test makes.
+func TestDataDirFSJournal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a loop device needs root")
+	}
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Skip("no mkfs.ext4 (e2fsprogs)")
+	}
+	if ok, detail := loopDevices(); !ok {
+		t.Skip(detail)
+	}
+	for _, c := range []struct {
+		name     string
+		features string
+		wantOK   bool
+		want     string
+	}{
+		{"journal", "has_journal", true, "ext4 with a journal"},
+		{"no journal", "^has_journal", false, "ext4 without a journal"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "mnt")
+			if err := os.Mkdir(mnt, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(mkfs, "-q", "-F", "-O", c.features, img, "16M").CombinedOutput(); err != nil {
+				t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+			}
+			if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+				t.Skipf("loop mount: %v\n%s", err, out)
+			}
+			t.Cleanup(func() {
+				if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+					t.Errorf("umount: %v\n%s", err, out)
+				}
+			})
+			ok, detail := dataDirFS(filepath.Join(mnt, "space", "not-yet"))
+			if ok != c.wantOK || !strings.Contains(detail, c.want) || !strings.Contains(detail, mnt) {
+				t.Errorf("dataDirFS = %v, %q; want %v and %q on %s", ok, detail, c.wantOK, c.want, mnt)
+			}
+		})
+	}
+	// Not ext4: nothing to say against it.
+	if ok, detail := dataDirFS("/proc/self"); !ok || !strings.Contains(detail, "(proc,") {
+		t.Errorf("dataDirFS(/proc/self) = %v, %q", ok, detail)
 	}
 }
