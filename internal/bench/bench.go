@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/space-sandbox/space/internal/cgroups"
+	"github.com/space-sandbox/space/internal/doctor"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,6 +92,10 @@ type Machine struct {
 	Cgroups  string `json:"cgroups"`
 	Go       string `json:"go"`
 	LoadAvg  string `json:"loadavg_at_start"` // other work on the host skews the numbers
+	// DataFS is the filesystem under the server's data dir: ext4 without
+	// a journal makes creates slower the more was deleted lately
+	// (docs/operations.md).
+	DataFS string `json:"data_fs,omitempty"`
 }
 
 // Breakdown is the driver's create timing, p50 of each step in ms.
@@ -245,6 +251,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, err
 	}
 	res.Machine.noteDynMods()
+	if f, err := doctor.FSOf(filepath.Join(env.Dir(), "data")); err == nil {
+		res.Machine.DataFS = f.String()
+	}
 	res.Driver = env.Server.Node().DriverName()
 	var errs []error
 	phase := func(name string, skip bool, f func() error) {

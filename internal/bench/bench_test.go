@@ -347,7 +347,10 @@ func TestSmokeEveryPart(t *testing.T) {
 	if err := WriteCompare(&b, res, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"cold create→ready", "concurrent full cycles", "forwarded port", "change against", "+0.0 %", "the same /bin/true run on the host", "`true` on the host p50"} {
+	if !strings.Contains(res.Machine.DataFS, " on /") {
+		t.Errorf("machine: no data dir filesystem: %+v", res.Machine)
+	}
+	for _, want := range []string{"cold create→ready", "concurrent full cycles", "forwarded port", "change against", "+0.0 %", "the same /bin/true run on the host", "`true` on the host p50", "data dir: "} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}

@@ -133,8 +133,12 @@ func WriteText(w io.Writer, r *Result) error {
 	var b strings.Builder
 	m := r.Machine
 	fmt.Fprintf(&b, "SPACE bench — %s driver — %s\n", r.Driver, r.Date.Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s, load average at start %s\n\n",
+	fmt.Fprintf(&b, "host: %s, kernel %s, %d CPUs (%s), %s RAM, cgroups %s, %s, load average at start %s\n",
 		m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal, m.Cgroups, m.Go, m.LoadAvg)
+	if m.DataFS != "" {
+		fmt.Fprintf(&b, "data dir: %s\n", m.DataFS)
+	}
+	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 2, 8, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	crun := crunP50(r)
 	fmt.Fprintln(tw, "latency (ms)\tn\tp50\tp95\tp99\tmax\tp50 / crun p50\t")

@@ -376,29 +376,70 @@ func diskQuota(ctx context.Context, dataDir string) (bool, string) {
 	return false, where + ": no project quota support known for " + fstype
 }
 
+// FS is the filesystem that holds a directory.
+type FS struct {
+	Dir    string // the directory, or its nearest existing parent
+	Point  string // its mount point
+	Type   string // ext4, xfs, tmpfs, ...
+	Source string // the mount's source (a device for disk filesystems)
+	// Journal is ext4's journal: "yes", "no", or "" where unknown (or
+	// not ext4).
+	Journal string
+}
+
+// FSOf describes the filesystem holding dir (its nearest existing parent).
+func FSOf(dir string) (FS, error) {
+	at := existingParent(dir)
+	m, err := mountOf(at)
+	if err != nil {
+		return FS{}, err
+	}
+	f := FS{Dir: at, Point: m.point, Type: m.fstype, Source: m.source}
+	if m.fstype == "ext4" {
+		switch ext4Journal(m.dev) {
+		case "":
+		case "<none>":
+			f.Journal = "no"
+		default:
+			f.Journal = "yes"
+		}
+	}
+	return f, nil
+}
+
+// String is the filesystem in a few words, e.g. "ext4 without a journal
+// on / (/dev/vda)".
+func (f FS) String() string {
+	kind := f.Type
+	switch f.Journal {
+	case "yes":
+		kind += " with a journal"
+	case "no":
+		kind += " without a journal"
+	}
+	return fmt.Sprintf("%s on %s (%s)", kind, f.Point, f.Source)
+}
+
 // dataDirFS says whether the data dir's filesystem keeps the churn of
 // sandbox directories cheap. ext4 without a journal does not: its inode
 // allocator skips every inode deleted in the last minute (six while the
 // inode's table block is dirty) and reads each to find out, so a node's
 // creates slow down the more it has deleted (docs/operations.md).
 func dataDirFS(dataDir string) (bool, string) {
-	at := existingParent(dataDir)
-	m, err := mountOf(at)
+	f, err := FSOf(dataDir)
 	if err != nil {
 		return false, errText(err)
 	}
-	where := fmt.Sprintf("%s on %s (%s, from %s)", at, m.point, m.fstype, m.source)
-	if m.fstype != "ext4" {
+	where := fmt.Sprintf("%s on %s (%s, from %s)", f.Dir, f.Point, f.Type, f.Source)
+	switch {
+	case f.Type != "ext4":
 		return true, where
-	}
-	switch journal := ext4Journal(m.dev); journal {
-	case "":
-		return true, where + ": ext4 (whether it has a journal is not known here)"
-	case "<none>":
+	case f.Journal == "no":
 		return false, where + ": ext4 without a journal: inode allocation skips every recently deleted inode, so creates slow down on a busy node (use a journaled ext4 or XFS, docs/operations.md)"
-	default:
+	case f.Journal == "yes":
 		return true, where + ": ext4 with a journal"
 	}
+	return true, where + ": ext4 (whether it has a journal is not known here)"
 }
 
 // ext4Journal is the ext4 filesystem on block device dev (major:minor)'s

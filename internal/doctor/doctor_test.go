@@ -155,6 +155,10 @@ func TestDataDirFSJournal(t *testing.T) {
 			if ok != c.wantOK || !strings.Contains(detail, c.want) || !strings.Contains(detail, mnt) {
 				t.Errorf("dataDirFS = %v, %q; want %v and %q on %s", ok, detail, c.wantOK, c.want, mnt)
 			}
+			f, err := FSOf(mnt)
+			if err != nil || f.Point != mnt || f.Type != "ext4" || !strings.HasPrefix(f.String(), c.want+" on "+mnt) {
+				t.Errorf("FSOf(%s) = %+v (%q), %v; want %q", mnt, f, f.String(), err, c.want)
+			}
 		})
 	}
 	// Not ext4: nothing to say against it.
