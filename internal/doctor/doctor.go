@@ -1,8 +1,9 @@
 // Package doctor reports what a host offers SPACE: KVM, runsc, qemu and
 // firecracker, the cgroup layout, nftables, user namespaces, overlayfs,
 // disk quota support on the data dir's filesystem and whether it has a
-// journal, /dev/net/tun and /dev/fuse. `space doctor` prints it with the driver `auto` picks (that
-// part is the server's own selection, internal/server.ExplainAuto).
+// journal, /dev/net/tun and /dev/fuse. `space doctor` prints it with the
+// driver `auto` picks (that part is the server's own selection,
+// internal/server.ExplainAuto).
 package doctor
 
 import (
